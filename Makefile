@@ -1,0 +1,33 @@
+# The two commands of the README.  Both set themselves up from nothing.
+PYTHON ?= python3
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+STAMP   = $(VENV)/.installed-dev
+
+.PHONY: test demo lint typecheck bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+## make test: lint, type-check and run the whole suite.
+test: $(STAMP)
+	$(PY) -m ruff check fanout tests bench
+	$(PY) -m mypy fanout
+	$(PY) -m pytest
+
+## make demo: arrives with `fanout compare` (issue 5).
+demo: $(STAMP)
+	@echo "make demo arrives with 'fanout compare' (issue 5)."
+	@echo "Today fanout is its parsing core: try"
+	@echo "  $(PY) -c 'import fanout; help(fanout.parse_stream)'"
+
+## make bench: the benchmarks of bench/, each printing its table.
+bench: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	$(PY) bench/parse.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

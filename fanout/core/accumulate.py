@@ -1,0 +1,322 @@
+"""Folding normalized events into a ``StreamResult``.
+
+The accumulator is the only place that keeps per-stream state about output.
+Choices may arrive in any index order and with gaps (choice 1 before choice 0
+is fine).  Tool calls are keyed by (choice, tool index):
+
+- ``id``, ``type`` and ``function.name`` are taken from the first delta that
+  carries them and never concatenated (some relays repeat them in every delta);
+- ``arguments`` fragments are concatenated in arrival order;
+- a delta without ``index`` continues the call with the same ``id``, else
+  the call that received the last fragment, else opens call 0;
+- the assembled arguments are parsed as JSON only when the result is built,
+  and validated against the function's JSON Schema when the request's
+  ``tools`` were given (violations are recorded, never raised).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, final
+
+from .events import (
+    ChoiceFinished,
+    ChoiceRole,
+    CoreEvent,
+    DoneReceived,
+    ErrorReported,
+    FrameSkipped,
+    ReasoningDelta,
+    RefusalDelta,
+    ResponseInfo,
+    TextDelta,
+    ToolCallDelta,
+    UsageReported,
+)
+from .result import ChoiceResult, Outcome, StreamError, StreamResult, ToolCall, Usage
+
+__all__ = ["Accumulator"]
+
+_MAX_SKIP_REASONS = 10
+
+
+class _ToolCallState:
+    __slots__ = ("arguments", "id", "index", "name", "type")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.id: str | None = None
+        self.type: str | None = None
+        self.name: str | None = None
+        self.arguments: list[str] = []
+
+
+class _ChoiceState:
+    __slots__ = ("finish_reason", "last_tool", "reasoning", "refusal", "role", "text", "tools")
+
+    def __init__(self) -> None:
+        self.role: str | None = None
+        self.text: list[str] = []
+        self.reasoning: list[str] = []
+        self.refusal: list[str] = []
+        self.finish_reason: str | None = None
+        self.tools: dict[int, _ToolCallState] = {}
+        self.last_tool: _ToolCallState | None = None
+
+
+@final
+class Accumulator:
+    """Folds one stream's events into its ``StreamResult``.
+
+    ``add(event)`` for each event in order; ``result()`` at any time (a live
+    view may take a snapshot mid-stream) builds an immutable result.  ``tools``
+    is the request's ``tools`` list, used to validate tool-call arguments.
+    """
+
+    __slots__ = (
+        "_choices",
+        "_handlers",
+        "_schemas",
+        "content_key",
+        "done",
+        "error",
+        "events",
+        "model",
+        "response_id",
+        "skip_reasons",
+        "skipped_frames",
+        "stream",
+        "system_fingerprint",
+        "usage",
+    )
+
+    def __init__(
+        self,
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        stream: str = "",
+        content_key: str = "",
+    ) -> None:
+        self.stream = stream
+        self.content_key = content_key
+        self._choices: dict[int, _ChoiceState] = {}
+        self._schemas = _schemas_by_name(tools)
+        self.done = False
+        self.error: StreamError | None = None
+        self.usage: Usage | None = None
+        self.response_id: str | None = None
+        self.model: str | None = None
+        self.system_fingerprint: str | None = None
+        self.events = 0
+        self.skipped_frames = 0
+        self.skip_reasons: list[str] = []
+        self._handlers: dict[type[Any], Callable[[Any], None]] = {
+            TextDelta: self._text,
+            ReasoningDelta: self._reasoning,
+            RefusalDelta: self._refusal,
+            ToolCallDelta: self._tool_call,
+            ChoiceFinished: self._finished,
+            ChoiceRole: self._role,
+            UsageReported: self._usage,
+            ErrorReported: self._error,
+            FrameSkipped: self._skipped,
+            DoneReceived: self._done,
+            ResponseInfo: self._info,
+        }
+
+    def add(self, event: CoreEvent) -> None:
+        """Fold one event in.  Events of types the core does not define are ignored."""
+        handler = self._handlers.get(type(event))
+        if handler is not None:
+            handler(event)
+
+    def extend(self, events: Iterable[CoreEvent]) -> None:
+        """Fold several events in, in order."""
+        handlers = self._handlers
+        for event in events:
+            handler = handlers.get(type(event))
+            if handler is not None:
+                handler(event)
+
+    def _choice(self, index: int) -> _ChoiceState:
+        state = self._choices.get(index)
+        if state is None:
+            state = self._choices[index] = _ChoiceState()
+        return state
+
+    def _text(self, event: TextDelta) -> None:
+        self._choice(event.choice).text.append(event.text)
+
+    def _reasoning(self, event: ReasoningDelta) -> None:
+        self._choice(event.choice).reasoning.append(event.text)
+
+    def _refusal(self, event: RefusalDelta) -> None:
+        self._choice(event.choice).refusal.append(event.text)
+
+    def _role(self, event: ChoiceRole) -> None:
+        state = self._choice(event.choice)
+        if state.role is None:
+            state.role = event.role
+
+    def _finished(self, event: ChoiceFinished) -> None:
+        self._choice(event.choice).finish_reason = event.finish_reason
+
+    def _tool_call(self, event: ToolCallDelta) -> None:
+        choice = self._choice(event.choice)
+        tools = choice.tools
+        index = event.tool_index
+        if index is None:
+            call = None
+            if event.id:
+                call = next((c for c in tools.values() if c.id == event.id), None)
+                if call is None and tools:  # a new id: a new call after the others
+                    index = max(tools) + 1
+            elif choice.last_tool is not None:
+                call = choice.last_tool
+            if call is None:
+                index = 0 if index is None else index
+                call = tools.get(index) or tools.setdefault(index, _ToolCallState(index))
+        else:
+            call = tools.get(index)
+            if call is None:
+                call = tools[index] = _ToolCallState(index)
+        if event.id and call.id is None:
+            call.id = event.id
+        if event.type and call.type is None:
+            call.type = event.type
+        if event.name and call.name is None:
+            call.name = event.name
+        if event.arguments:
+            call.arguments.append(event.arguments)
+        choice.last_tool = call
+
+    def _usage(self, event: UsageReported) -> None:
+        self.usage = event.usage
+
+    def _error(self, event: ErrorReported) -> None:
+        if self.error is None:  # the first error is the cause; later ones are echoes
+            self.error = event.error
+
+    def _skipped(self, event: FrameSkipped) -> None:
+        self.skipped_frames += 1
+        if len(self.skip_reasons) < _MAX_SKIP_REASONS:
+            self.skip_reasons.append(event.reason)
+
+    def _done(self, event: DoneReceived) -> None:
+        self.done = True
+
+    def _info(self, event: ResponseInfo) -> None:
+        if event.id is not None:
+            self.response_id = event.id
+        if event.model is not None:
+            self.model = event.model
+        if event.system_fingerprint is not None:
+            self.system_fingerprint = event.system_fingerprint
+
+    def outcome(self) -> Outcome:
+        """``error`` if an error arrived, else ``completed`` if ``[DONE]`` did,
+        else ``truncated``."""
+        if self.error is not None:
+            return Outcome.ERROR
+        return Outcome.COMPLETED if self.done else Outcome.TRUNCATED
+
+    def choices(self) -> tuple[ChoiceResult, ...]:
+        """The choices so far, ordered by index, tool-call arguments parsed."""
+        return tuple(
+            ChoiceResult(
+                index,
+                state.role,
+                "".join(state.text),
+                "".join(state.reasoning),
+                "".join(state.refusal),
+                state.finish_reason,
+                tuple(self._finish_call(state.tools[t]) for t in sorted(state.tools)),
+            )
+            for index, state in sorted(self._choices.items())
+        )
+
+    def result(
+        self,
+        *,
+        outcome: Outcome | None = None,
+        status: int | None = None,
+        pending_event: bool = False,
+        sse_events: int = 0,
+        comments: int = 0,
+        bytes_received: int = 0,
+        ignored_after_done: int = 0,
+    ) -> StreamResult:
+        """Build the result.  ``outcome`` overrides the one derived from the events
+        (the I/O layer passes ``timed_out`` or ``cancelled``); the other keywords
+        are counters only the layers below the events know.
+        """
+        choices = self.choices()
+        return StreamResult(
+            outcome=outcome if outcome is not None else self.outcome(),
+            choices=choices,
+            usage=self.usage,
+            error=self.error,
+            response_id=self.response_id,
+            model=self.model,
+            system_fingerprint=self.system_fingerprint,
+            status=status,
+            pending_event=pending_event,
+            all_choices_finished=bool(choices)
+            and all(c.finish_reason is not None for c in choices),
+            events=sse_events,
+            skipped_frames=self.skipped_frames,
+            skip_reasons=tuple(self.skip_reasons),
+            comments=comments,
+            bytes_received=bytes_received,
+            ignored_after_done=ignored_after_done,
+            stream=self.stream,
+            content_key=self.content_key,
+        )
+
+    def _finish_call(self, state: _ToolCallState) -> ToolCall:
+        arguments = "".join(state.arguments)
+        parsed: Any = None
+        parse_error: str | None = None
+        schema_errors: tuple[str, ...] | None = None
+        if not arguments.strip():
+            parse_error = "no arguments were sent"
+        else:
+            try:
+                parsed = json.loads(arguments)
+            except (ValueError, RecursionError) as exc:
+                parse_error = f"arguments are not valid JSON: {exc}"
+        schema = self._schemas.get(state.name) if state.name else None
+        if schema is not None and parse_error is None:
+            schema_errors = _validate(parsed, schema)
+        return ToolCall(
+            state.index, state.id, state.type, state.name, arguments, parsed, parse_error,
+            schema_errors,
+        )
+
+
+def _schemas_by_name(tools: Sequence[Mapping[str, Any]] | None) -> dict[str, Mapping[str, Any]]:
+    schemas: dict[str, Mapping[str, Any]] = {}
+    for tool in tools or ():
+        function = tool.get("function") if isinstance(tool, Mapping) else None
+        if isinstance(function, Mapping) and isinstance(function.get("name"), str):
+            parameters = function.get("parameters")
+            schemas[function["name"]] = parameters if isinstance(parameters, Mapping) else {}
+    return schemas
+
+
+def _validate(value: Any, schema: Mapping[str, Any]) -> tuple[str, ...]:
+    # Imported here: jsonschema is only needed when a stream has tools.
+    import jsonschema
+
+    try:
+        validator_class = jsonschema.validators.validator_for(schema)
+        validator_class.check_schema(dict(schema))
+        validator = validator_class(dict(schema))
+        errors = sorted(validator.iter_errors(value), key=lambda e: [str(p) for p in e.path])
+    except jsonschema.exceptions.SchemaError as exc:
+        return (f"the tool's schema is invalid: {exc.message}",)
+    return tuple(
+        f"{'/'.join(str(p) for p in error.absolute_path) or '(root)'}: {error.message}"
+        for error in errors
+    )

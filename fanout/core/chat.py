@@ -1,0 +1,255 @@
+"""The OpenAI chat-completions dialect: one server-sent event in, normalized events out.
+
+``ChatChunkInterpreter`` knows what a ``chat.completion.chunk`` looks like and
+nothing about bytes or sockets.  Its rules:
+
+- ``[DONE]`` is recognised before any JSON parsing; every event after it is
+  ignored and counted (``ignored_after_done``).
+- ``event: error``, or a chunk with an ``error`` key, is an error, whatever
+  its shape: ``{"error": {...}}``, ``{"error": "text"}``, ``{"message": ...}``.
+- Per ``choices[i]``: ``delta.content`` is reported only when it is a non-empty
+  string, exactly as sent; ``reasoning_content`` / ``reasoning`` and
+  ``refusal`` likewise; each ``tool_calls[j]`` as a fragment; ``finish_reason``
+  as sent.  Role-only and empty deltas report nothing but the first role.
+- ``usage`` is reported when it is an object (``null`` never erases it).
+- A frame that is not a JSON object is skipped and reported as
+  ``FrameSkipped`` (resilient mode), or raises ``MalformedFrame`` (strict mode).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, final
+
+from .._exceptions import MalformedFrame
+from . import _json
+from .events import (
+    ChoiceFinished,
+    ChoiceRole,
+    CoreEvent,
+    DoneReceived,
+    ErrorReported,
+    FrameSkipped,
+    ReasoningDelta,
+    RefusalDelta,
+    ResponseInfo,
+    TextDelta,
+    ToolCallDelta,
+    UsageReported,
+)
+from .result import StreamError, Usage
+from .sse import ServerSentEvent
+
+__all__ = ["ChatChunkInterpreter", "error_from_payload", "error_from_response"]
+
+_EXCERPT = 200
+
+
+@final
+class ChatChunkInterpreter:
+    """Turns the server-sent events of one chat-completion stream into normalized events.
+
+    ``stream`` and ``content_key`` are copied onto every event.  In strict mode
+    a malformed frame raises ``MalformedFrame``; in resilient mode (the
+    default) it becomes a ``FrameSkipped`` event and interpretation goes on.
+    """
+
+    __slots__ = (
+        "_content_key",
+        "_loads",
+        "_meta",
+        "_roles",
+        "_stream",
+        "done",
+        "ignored_after_done",
+        "strict",
+    )
+
+    def __init__(self, *, strict: bool = False, stream: str = "", content_key: str = "") -> None:
+        self.strict = strict
+        self.done = False
+        self.ignored_after_done = 0
+        self._stream = stream
+        self._content_key = content_key
+        self._roles: set[int] = set()
+        self._meta: tuple[Any, Any, Any] = (None, None, None)
+        self._loads = _json.loads
+
+    def interpret(self, event: ServerSentEvent) -> list[CoreEvent]:
+        """Return the normalized events one server-sent event carries."""
+        out: list[CoreEvent] = []
+        self.interpret_into(event, out)
+        return out
+
+    def interpret_into(self, event: ServerSentEvent, out: list[CoreEvent]) -> None:
+        """Like ``interpret``, appending to ``out`` (the parser's hot path)."""
+        if self.done:
+            self.ignored_after_done += 1
+            return
+        data = event.data
+        stream = self._stream
+        key = self._content_key
+        if data == "[DONE]" or (data[:1] != "{" and data.strip() == "[DONE]"):
+            self.done = True
+            out.append(DoneReceived(stream, key))
+            return
+        if event.event == "error":
+            try:
+                payload = self._loads(data)
+            except (ValueError, RecursionError):
+                payload = data
+            out.append(ErrorReported(error_from_payload(payload), stream, key))
+            return
+        try:
+            chunk = self._loads(data)
+        except (ValueError, RecursionError) as exc:
+            self._skip(f"invalid JSON: {_first_line(exc)}", data, out)
+            return
+        if type(chunk) is not dict:
+            self._skip(f"JSON {type(chunk).__name__}, not an object", data, out)
+            return
+        if chunk.get("error") is not None:
+            out.append(ErrorReported(error_from_payload(chunk), stream, key))
+            return
+
+        meta = (chunk.get("id"), chunk.get("model"), chunk.get("system_fingerprint"))
+        if meta != self._meta:
+            self._meta = meta
+            out.append(ResponseInfo(_str_or_none(meta[0]), _str_or_none(meta[1]),
+                                    _str_or_none(meta[2]), stream, key))
+
+        choices = chunk.get("choices")
+        if choices and type(choices) is list:
+            for choice in choices:
+                if type(choice) is not dict:
+                    self._skip("a choice is not an object", data, out)
+                    continue
+                index = choice.get("index", 0)
+                if type(index) is not int:
+                    if index is not None:
+                        self._skip(f"choice index {index!r} is not an integer", data, out)
+                        continue
+                    index = 0
+                delta = choice.get("delta")
+                if delta and type(delta) is dict:
+                    self._delta(index, delta, data, out)
+                finish_reason = choice.get("finish_reason")
+                if finish_reason is not None:
+                    out.append(ChoiceFinished(index, str(finish_reason), stream, key))
+
+        usage = chunk.get("usage")
+        if usage and type(usage) is dict:
+            out.append(UsageReported(Usage.from_dict(usage), stream, key))
+
+    def _delta(self, index: int, delta: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
+        stream = self._stream
+        key = self._content_key
+        role = delta.get("role")
+        if role and index not in self._roles and type(role) is str:
+            self._roles.add(index)
+            out.append(ChoiceRole(index, role, stream, key))
+        reasoning = delta.get("reasoning_content")
+        if not reasoning or type(reasoning) is not str:
+            reasoning = delta.get("reasoning")
+        if reasoning and type(reasoning) is str:
+            out.append(ReasoningDelta(index, reasoning, stream, key))
+        content = delta.get("content")
+        if content and type(content) is str:
+            out.append(TextDelta(index, content, stream, key))
+        refusal = delta.get("refusal")
+        if refusal and type(refusal) is str:
+            out.append(RefusalDelta(index, refusal, stream, key))
+        tool_calls = delta.get("tool_calls")
+        if tool_calls and type(tool_calls) is list:
+            for call in tool_calls:
+                if type(call) is not dict:
+                    self._skip("a tool call is not an object", data, out)
+                    continue
+                self._tool_call(index, call, data, out)
+
+    def _tool_call(self, index: int, call: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
+        tool_index = call.get("index")
+        if tool_index is not None and type(tool_index) is not int:
+            self._skip(f"tool call index {tool_index!r} is not an integer", data, out)
+            return
+        function = call.get("function")
+        name = arguments = None
+        if type(function) is dict:
+            name = function.get("name")
+            arguments = function.get("arguments")
+        if arguments is None:
+            arguments = ""
+        elif type(arguments) is not str:
+            # Some relays send the arguments as a JSON value, not a string.
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        out.append(ToolCallDelta(index, tool_index, _str_or_none(call.get("id")),
+                                 _str_or_none(call.get("type")), _str_or_none(name), arguments,
+                                 self._stream, self._content_key))
+
+    def _skip(self, reason: str, data: str, out: list[CoreEvent]) -> None:
+        if self.strict:
+            raise MalformedFrame(reason, data)
+        out.append(FrameSkipped(reason, data[:_EXCERPT], self._stream, self._content_key))
+
+
+def error_from_payload(payload: Any, status: int | None = None) -> StreamError:
+    """Build a ``StreamError`` from whatever an upstream sent as an error.
+
+    Understands ``{"error": {"message", "type", "code"}}``, ``{"error": "text"}``,
+    ``{"message": ..., "type": ..., "code": ...}``, ``{"detail": ...}`` and plain
+    text; anything else is kept as compact JSON so no detail is lost.
+    """
+    if isinstance(payload, Mapping):
+        inner = payload.get("error")
+        if isinstance(inner, Mapping):
+            source: Mapping[str, Any] = inner
+        elif isinstance(inner, str) and inner:
+            return StreamError(inner, _str_or_none(payload.get("type")),
+                               _code(payload.get("code")), status)
+        else:
+            source = payload
+        message = source.get("message")
+        if not isinstance(message, str) or not message:
+            detail = source.get("detail", payload.get("detail"))
+            message = detail if isinstance(detail, str) and detail else _compact(payload)
+        return StreamError(message, _str_or_none(source.get("type")),
+                           _code(source.get("code")), status)
+    if isinstance(payload, str):
+        text = payload.strip()
+        return StreamError(text or "empty error payload", None, None, status)
+    return StreamError(_compact(payload), None, None, status)
+
+
+def error_from_response(status: int, body: bytes, reason: str = "") -> StreamError:
+    """Build a ``StreamError`` for a non-2xx HTTP response from its (bounded) body."""
+    text = body.decode("utf-8", "replace").strip()
+    if text:
+        try:
+            payload: Any = _json.loads(text)
+        except (ValueError, RecursionError):
+            payload = text[:2000]
+    else:
+        payload = f"HTTP {status} {reason}".strip()
+    return error_from_payload(payload, status)
+
+
+def _str_or_none(value: Any) -> str | None:
+    if value is None or type(value) is str:
+        return value
+    return str(value)
+
+
+def _code(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _compact(value: Any) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))[:2000]
+    except (TypeError, ValueError):
+        return repr(value)[:2000]
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -1,0 +1,174 @@
+"""Normalized events: what every stream turns its bytes into.
+
+Each event is a small frozen value.  ``stream`` is the caller's name for the
+stream and ``content_key`` a stable hash of what was asked; both are ``""``
+when the core runs on its own (a capture, a test).  Content events
+(``TextDelta``, ``ReasoningDelta``, ``RefusalDelta``, ``ToolCallDelta``) are the
+ones that count for time-to-first-token; ``CONTENT_EVENTS`` lists them.
+"""
+
+from __future__ import annotations
+
+from typing import TypeAlias
+
+import attrs
+
+from .result import StreamError, Usage
+
+__all__ = [
+    "CONTENT_EVENTS",
+    "ChoiceFinished",
+    "ChoiceRole",
+    "CoreEvent",
+    "DoneReceived",
+    "ErrorReported",
+    "FrameSkipped",
+    "ReasoningDelta",
+    "RefusalDelta",
+    "ResponseInfo",
+    "TextDelta",
+    "ToolCallDelta",
+    "UsageReported",
+]
+
+
+@attrs.frozen(slots=True)
+class ResponseInfo:
+    """The response's ``id``, ``model`` or ``system_fingerprint`` as first seen, or changed."""
+
+    id: str | None
+    model: str | None
+    system_fingerprint: str | None
+    stream: str = ""
+    content_key: str = ""
+
+
+@attrs.frozen(slots=True)
+class ChoiceRole:
+    """The first ``role`` a choice announced (repeats are not reported again)."""
+
+    choice: int
+    role: str
+    stream: str = ""
+    content_key: str = ""
+
+
+@attrs.frozen(slots=True)
+class TextDelta:
+    """A fragment of a choice's ``content``, exactly as sent (never empty)."""
+
+    choice: int
+    text: str
+    stream: str = ""
+    content_key: str = ""
+
+
+@attrs.frozen(slots=True)
+class ReasoningDelta:
+    """A fragment of ``reasoning_content`` (or ``reasoning``, as some relays name it)."""
+
+    choice: int
+    text: str
+    stream: str = ""
+    content_key: str = ""
+
+
+@attrs.frozen(slots=True)
+class RefusalDelta:
+    """A fragment of a choice's ``refusal``."""
+
+    choice: int
+    text: str
+    stream: str = ""
+    content_key: str = ""
+
+
+@attrs.frozen(slots=True)
+class ToolCallDelta:
+    """One ``delta.tool_calls[j]`` entry.
+
+    ``tool_index`` is ``None`` when the relay sent no ``index`` (the accumulator
+    then matches by ``id``, else continues the last open call).  ``arguments``
+    is this delta's fragment, ``""`` when it carried none.
+    """
+
+    choice: int
+    tool_index: int | None
+    id: str | None
+    type: str | None
+    name: str | None
+    arguments: str
+    stream: str = ""
+    content_key: str = ""
+
+
+@attrs.frozen(slots=True)
+class ChoiceFinished:
+    """A choice's ``finish_reason``, exactly as sent (``length`` is not ``stop``)."""
+
+    choice: int
+    finish_reason: str
+    stream: str = ""
+    content_key: str = ""
+
+
+@attrs.frozen(slots=True)
+class UsageReported:
+    """A ``usage`` object.  A later one replaces an earlier one; ``null`` is not reported."""
+
+    usage: Usage
+    stream: str = ""
+    content_key: str = ""
+
+
+@attrs.frozen(slots=True)
+class ErrorReported:
+    """An error: an in-stream ``error`` payload, ``event: error``, or an HTTP status."""
+
+    error: StreamError
+    stream: str = ""
+    content_key: str = ""
+
+
+@attrs.frozen(slots=True)
+class FrameSkipped:
+    """Resilient mode: a frame that was not a JSON object was skipped.
+
+    ``data`` holds the frame's first 200 characters.
+    """
+
+    reason: str
+    data: str
+    stream: str = ""
+    content_key: str = ""
+
+
+@attrs.frozen(slots=True)
+class DoneReceived:
+    """``data: [DONE]`` arrived: the stream is complete."""
+
+    stream: str = ""
+    content_key: str = ""
+
+
+CoreEvent: TypeAlias = (
+    ResponseInfo
+    | ChoiceRole
+    | TextDelta
+    | ReasoningDelta
+    | RefusalDelta
+    | ToolCallDelta
+    | ChoiceFinished
+    | UsageReported
+    | ErrorReported
+    | FrameSkipped
+    | DoneReceived
+)
+"""Any event the sans-I/O core produces."""
+
+CONTENT_EVENTS: tuple[type[CoreEvent], ...] = (
+    TextDelta,
+    ReasoningDelta,
+    RefusalDelta,
+    ToolCallDelta,
+)

@@ -1,0 +1,207 @@
+"""One stream's whole sans-I/O pipeline: bytes → SSE events → chat events → result.
+
+``StreamParser`` is what the I/O layer drives (one per stream attempt) and
+what ``parse_stream`` runs over a finished byte sequence.  It owns one
+``SSEDecoder``, one ``ChatChunkInterpreter`` and one ``Accumulator``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, final
+
+from .._exceptions import EventTooLarge, MalformedFrame, ProtocolError, ResponseTooLarge
+from .accumulate import Accumulator
+from .chat import ChatChunkInterpreter, error_from_response
+from .events import CoreEvent, ErrorReported
+from .result import Outcome, StreamError, StreamResult
+from .sse import DEFAULT_MAX_EVENT_SIZE, ServerSentEvent, SSEDecoder
+
+__all__ = ["StreamParser", "parse_stream"]
+
+
+@final
+class StreamParser:
+    """Feed a response body in pieces, get normalized events, then a result.
+
+    ``feed(data)`` returns the events ``data`` completed, already folded into
+    the accumulator.  ``close()`` marks the end of the body.  ``result()`` may
+    be called at any time and never loses output already received.
+
+    When the parser stops early, the error is recorded (outcome ``error``),
+    later input is ignored, and the output received so far stays in
+    ``result()``.  It stops when an event passes ``max_event_size``
+    characters or the body passes ``max_response_bytes`` (resilient mode: an
+    ``ErrorReported`` event is returned; strict mode: ``EventTooLarge`` /
+    ``ResponseTooLarge`` is raised), and in strict mode at the first malformed
+    frame (``MalformedFrame`` is raised).  In resilient mode a malformed frame
+    is skipped, counted and reported as ``FrameSkipped``.
+    """
+
+    __slots__ = (
+        "_accumulator",
+        "_closed",
+        "_decoder",
+        "_interpreter",
+        "_sse_events",
+        "_stopped",
+        "max_response_bytes",
+        "status",
+        "strict",
+    )
+
+    def __init__(
+        self,
+        *,
+        strict: bool = False,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        max_event_size: int = DEFAULT_MAX_EVENT_SIZE,
+        max_response_bytes: int | None = None,
+        stream: str = "",
+        content_key: str = "",
+    ) -> None:
+        self.strict = strict
+        self.max_response_bytes = max_response_bytes
+        #: The HTTP status the body came with, when the caller knows it.
+        self.status: int | None = None
+        self._decoder = SSEDecoder(max_event_size=max_event_size)
+        self._interpreter = ChatChunkInterpreter(
+            strict=strict, stream=stream, content_key=content_key
+        )
+        self._accumulator = Accumulator(tools=tools, stream=stream, content_key=content_key)
+        self._sse_events = 0
+        self._stopped = False
+        self._closed = False
+
+    @property
+    def done(self) -> bool:
+        """``[DONE]`` has arrived."""
+        return self._interpreter.done
+
+    @property
+    def stopped(self) -> bool:
+        """An error was recorded: further input is ignored."""
+        return self._stopped
+
+    @property
+    def accumulator(self) -> Accumulator:
+        """The accumulator (read-only use: a live view's snapshot)."""
+        return self._accumulator
+
+    def feed(self, data: bytes) -> list[CoreEvent]:
+        """Parse the next piece of the body; return the events it completed."""
+        if self._stopped or not data:
+            return []
+        limit = self.max_response_bytes
+        if limit is not None:
+            size = self._decoder.bytes_fed + len(data)
+            if size > limit:
+                out = self.feed(data[: limit - self._decoder.bytes_fed])
+                if not self._stopped:
+                    out.append(self._stop(ResponseTooLarge(size, limit)))
+                return out
+        try:
+            sse_events = self._decoder.feed(data)
+        except EventTooLarge as exc:
+            out = self._interpret(exc.events)
+            out.append(self._stop(exc))
+            return out
+        return self._interpret(sse_events)
+
+    def close(self) -> list[CoreEvent]:
+        """The body ended.  Returns the last events (none, by the SSE rules)."""
+        if self._closed:
+            return []
+        self._closed = True
+        if self._stopped:
+            return []
+        return self._interpret(self._decoder.close())
+
+    def fail(self, error: StreamError) -> ErrorReported:
+        """Record an error found outside the body (an HTTP status, a transport error).
+
+        The first error recorded is the stream's error.  Returns the event for
+        the caller to pass on.  Further input is ignored.
+        """
+        event = ErrorReported(error, self._accumulator.stream, self._accumulator.content_key)
+        self._accumulator.add(event)
+        self._stopped = True
+        return event
+
+    def fail_http(self, status: int, body: bytes, reason: str = "") -> ErrorReported:
+        """Record a non-2xx response from its status and (bounded) body."""
+        self.status = status
+        return self.fail(error_from_response(status, body, reason))
+
+    def result(self, outcome: Outcome | None = None) -> StreamResult:
+        """The result so far.  ``outcome`` overrides the derived one (``timed_out``,
+        ``cancelled``: only the I/O layer knows those)."""
+        decoder = self._decoder
+        return self._accumulator.result(
+            outcome=outcome,
+            status=self.status,
+            pending_event=decoder.unterminated,
+            sse_events=self._sse_events,
+            comments=decoder.comments,
+            bytes_received=decoder.bytes_fed,
+            ignored_after_done=self._interpreter.ignored_after_done,
+        )
+
+    def _interpret(self, sse_events: list[ServerSentEvent]) -> list[CoreEvent]:
+        out: list[CoreEvent] = []
+        if not sse_events:
+            return out
+        self._sse_events += len(sse_events)
+        interpret_into = self._interpreter.interpret_into
+        try:
+            for sse_event in sse_events:
+                interpret_into(sse_event, out)
+        except MalformedFrame as exc:
+            self._accumulator.extend(out)
+            self._stop(exc)
+            raise
+        self._accumulator.extend(out)
+        return out
+
+    def _stop(self, exc: ProtocolError) -> ErrorReported:
+        code = {
+            EventTooLarge: "event_too_large",
+            ResponseTooLarge: "response_too_large",
+            MalformedFrame: "malformed_frame",
+        }.get(type(exc), "protocol_error")
+        event = self.fail(StreamError(str(exc), "protocol_error", code, self.status))
+        if self.strict and not isinstance(exc, MalformedFrame):
+            raise exc
+        return event
+
+
+def parse_stream(
+    chunks: Iterable[bytes],
+    *,
+    strict: bool = False,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    status: int = 200,
+    max_event_size: int = DEFAULT_MAX_EVENT_SIZE,
+    max_response_bytes: int | None = None,
+) -> StreamResult:
+    """Parse a whole response body (a capture, a test's byte list) into its result.
+
+    ``chunks`` are the body's bytes in the pieces they arrived in; any split
+    gives the same result.  ``status`` is the HTTP status the body came with:
+    a non-2xx body is read as an error response.  In strict mode a malformed
+    frame raises ``MalformedFrame``; otherwise it is skipped and counted.
+    """
+    parser = StreamParser(
+        strict=strict,
+        tools=tools,
+        max_event_size=max_event_size,
+        max_response_bytes=max_response_bytes,
+    )
+    if not 200 <= status < 300:
+        parser.fail_http(status, b"".join(chunks))
+        return parser.result()
+    parser.status = status
+    for chunk in chunks:
+        parser.feed(chunk)
+    parser.close()
+    return parser.result()

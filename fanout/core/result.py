@@ -1,0 +1,148 @@
+"""What one stream produced: plain frozen values, built by the Accumulator.
+
+Every text field is ``""`` when nothing arrived, never ``None``.  Every field
+that an upstream may or may not send (``finish_reason``, ``usage``, ``role``)
+is ``None`` when it did not arrive, so "absent" and "empty" stay distinct.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+__all__ = ["ChoiceResult", "Outcome", "StreamError", "StreamResult", "ToolCall", "Usage"]
+
+
+class Outcome(enum.StrEnum):
+    """How a stream ended.  Exactly one per stream.
+
+    ``completed`` only when ``data: [DONE]`` arrived.  ``length`` and
+    ``content_filter`` are finish reasons *inside* a completed stream, not outcomes.
+    """
+
+    COMPLETED = "completed"
+    TRUNCATED = "truncated"  # the body ended before [DONE]
+    ERROR = "error"  # HTTP status >= 400, an error payload, a transport or protocol error
+    TIMED_OUT = "timed_out"  # a deadline fired (set by the I/O layer)
+    CANCELLED = "cancelled"  # the caller cancelled the stream (set by the I/O layer)
+
+
+@attrs.frozen(slots=True)
+class StreamError:
+    """An error as the upstream (or fanout) described it.
+
+    ``message`` is always a non-empty one-line-or-more description; ``type`` and
+    ``code`` are the upstream's own words when it sent them; ``status`` is the
+    HTTP status when the error came from one.
+    """
+
+    message: str
+    type: str | None = None
+    code: str | None = None
+    status: int | None = None
+
+
+@attrs.frozen(slots=True)
+class Usage:
+    """Token counts from a ``usage`` object; ``raw`` keeps every detail sent."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    total_tokens: int | None = None
+    raw: Mapping[str, Any] = attrs.field(factory=dict, eq=True, repr=False)
+
+    @classmethod
+    def from_dict(cls, usage: Mapping[str, Any]) -> Usage:
+        """Build from an upstream ``usage`` object, keeping only integer counts."""
+
+        def count(name: str) -> int | None:
+            value = usage.get(name)
+            return value if type(value) is int else None
+
+        return cls(
+            count("prompt_tokens"), count("completion_tokens"), count("total_tokens"), usage
+        )
+
+
+@attrs.frozen(slots=True)
+class ToolCall:
+    """One tool call of one choice, assembled from its deltas.
+
+    ``arguments`` is the concatenation of every fragment, exactly as sent.
+    ``parsed`` is its JSON value when it parses (``parse_error`` is then ``None``),
+    else ``parse_error`` says why.  ``schema_errors`` is ``None`` when no schema
+    was known for ``name``, ``()`` when the parsed value matched it, else one
+    message per violation.
+    """
+
+    index: int
+    id: str | None
+    type: str | None
+    name: str | None
+    arguments: str
+    parsed: Any = None
+    parse_error: str | None = None
+    schema_errors: tuple[str, ...] | None = None
+
+
+@attrs.frozen(slots=True)
+class ChoiceResult:
+    """The output of one choice (``n`` > 1 gives several)."""
+
+    index: int
+    role: str | None = None
+    text: str = ""
+    reasoning: str = ""
+    refusal: str = ""
+    finish_reason: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+
+
+@attrs.frozen(slots=True)
+class StreamResult:
+    """Everything one stream produced, whatever its outcome.
+
+    ``choices`` is ordered by index (gaps allowed).  Partial output is kept for
+    every outcome.  For a ``truncated`` stream, ``pending_event`` says whether
+    the body ended inside an event, and ``all_choices_finished`` whether every
+    choice had received a finish reason before the end.
+
+    Counters: ``events`` server-sent events dispatched, ``skipped_frames``
+    malformed frames skipped (``skip_reasons`` keeps the first few reasons),
+    ``comments`` keep-alive comment lines, ``bytes_received`` body bytes,
+    ``ignored_after_done`` events that followed ``[DONE]``.
+    """
+
+    outcome: Outcome
+    choices: tuple[ChoiceResult, ...] = ()
+    usage: Usage | None = None
+    error: StreamError | None = None
+    response_id: str | None = None
+    model: str | None = None
+    system_fingerprint: str | None = None
+    status: int | None = None
+    pending_event: bool = False
+    all_choices_finished: bool = False
+    events: int = 0
+    skipped_frames: int = 0
+    skip_reasons: tuple[str, ...] = ()
+    comments: int = 0
+    bytes_received: int = 0
+    ignored_after_done: int = 0
+    stream: str = ""
+    content_key: str = ""
+
+    @property
+    def text(self) -> str:
+        """The first choice's text (``""`` when there is none): the common case."""
+        return self.choices[0].text if self.choices else ""
+
+    def choice(self, index: int) -> ChoiceResult | None:
+        """The choice with this ``index``, or ``None`` if it never appeared."""
+        for choice in self.choices:
+            if choice.index == index:
+                return choice
+        return None
