@@ -1,0 +1,247 @@
+"""The Accumulator: choices, tool calls, usage, errors and outcomes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from fanout import (
+    Accumulator,
+    ChoiceFinished,
+    ChoiceResult,
+    ChoiceRole,
+    DoneReceived,
+    ErrorReported,
+    FrameSkipped,
+    Outcome,
+    StreamError,
+    TextDelta,
+    ToolCall,
+    ToolCallDelta,
+    Usage,
+    UsageReported,
+    parse_stream,
+)
+from tests.helpers import chunk, delta, sse_body
+
+WEATHER_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"},
+                               "unit": {"enum": ["celsius", "fahrenheit"]}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    }
+]
+
+
+def tool_calls(*calls: dict[str, Any], tools: Any = None) -> tuple[ToolCall, ...]:
+    body = sse_body(*(chunk(delta(tool_calls=[c])) for c in calls))
+    return parse_stream([body], tools=tools).choices[0].tool_calls
+
+
+def fn(arguments: str | None = None, name: str | None = None) -> dict[str, Any]:
+    function: dict[str, Any] = {}
+    if name is not None:
+        function["name"] = name
+    if arguments is not None:
+        function["arguments"] = arguments
+    return function
+
+
+def test_empty_stream_gives_no_choices_and_empty_text() -> None:
+    result = parse_stream([b"data: [DONE]\n\n"])
+    assert result.outcome is Outcome.COMPLETED
+    assert result.choices == ()
+    assert result.text == ""
+    assert result.all_choices_finished is False
+
+
+def test_text_fields_are_empty_strings_not_none() -> None:
+    [choice] = parse_stream([sse_body(chunk(delta(role="assistant")))]).choices
+    assert choice == ChoiceResult(0, "assistant", "", "", "", None, ())
+
+
+def test_choices_in_any_order_with_gaps() -> None:
+    body = sse_body(chunk(delta(2, content="c")), chunk(delta(1, content="b1")),
+                    chunk(delta(1, content="b2"), delta(2, "stop")), chunk(delta(1, "length")))
+    result = parse_stream([body])
+    assert [(c.index, c.text, c.finish_reason) for c in result.choices] == [
+        (1, "b1b2", "length"), (2, "c", "stop")]
+    assert result.choice(2) is result.choices[1]
+    assert result.choice(0) is None
+    assert result.text == "b1b2"  # the first choice present
+    assert result.all_choices_finished
+
+
+def test_role_is_kept_once_never_concatenated() -> None:
+    acc = Accumulator()
+    acc.extend([ChoiceRole(0, "assistant"), ChoiceRole(0, "assistant"), ChoiceRole(0, "tool")])
+    assert acc.choices()[0].role == "assistant"
+
+
+def test_interleaved_tool_calls() -> None:
+    calls = tool_calls(
+        {"index": 0, "id": "a", "type": "function", "function": fn("", "f")},
+        {"index": 1, "id": "b", "type": "function", "function": fn("", "g")},
+        {"index": 0, "function": fn('{"x":')},
+        {"index": 1, "function": fn('{"y":')},
+        {"index": 0, "function": fn("1}")},
+        {"index": 1, "function": fn("2}")},
+    )
+    assert [(c.index, c.id, c.name, c.arguments, c.parsed) for c in calls] == [
+        (0, "a", "f", '{"x":1}', {"x": 1}), (1, "b", "g", '{"y":2}', {"y": 2})]
+
+
+def test_sparse_tool_indexes_and_first_index_one() -> None:
+    calls = tool_calls({"index": 2, "function": fn("{}", "h")}, {"index": 1, "function": fn("[]")})
+    assert [(c.index, c.name, c.parsed) for c in calls] == [(1, None, []), (2, "h", {})]
+
+
+def test_repeated_id_type_and_name_are_not_concatenated() -> None:
+    repeated = {"index": 0, "id": "call_1", "type": "function"}
+    calls = tool_calls(*({**repeated, "function": fn(part, "get_weather")}
+                         for part in ['{"city"', ': "Paris"}']))
+    assert calls == (ToolCall(0, "call_1", "function", "get_weather", '{"city": "Paris"}',
+                              {"city": "Paris"}),)
+
+
+def test_missing_index_matches_by_id_else_continues_the_last_call() -> None:
+    calls = tool_calls(
+        {"id": "a", "function": fn('{"p":', "f")},
+        {"id": "b", "function": fn('{"q":', "g")},
+        {"id": "a", "function": fn("1}")},
+        {"function": fn("2")},  # no id, no index: the last call (a) continues... not b
+    )
+    assert [(c.index, c.id, c.arguments) for c in calls] == [(0, "a", '{"p":1}2'), (1, "b", '{"q":')]
+
+
+def test_missing_index_without_id_starts_at_zero() -> None:
+    calls = tool_calls({"function": fn('{"a"', "f")}, {"function": fn(":1}")})
+    assert [(c.index, c.parsed) for c in calls] == [(0, {"a": 1})]
+
+
+def test_tool_calls_are_per_choice() -> None:
+    body = sse_body(
+        chunk(delta(0, tool_calls=[{"index": 0, "function": fn("{}", "a")}]),
+              delta(1, tool_calls=[{"index": 0, "function": fn("[1]", "b")}])))
+    result = parse_stream([body])
+    assert [(c.index, c.tool_calls[0].name, c.tool_calls[0].parsed) for c in result.choices] == [
+        (0, "a", {}), (1, "b", [1])]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error"),
+    [("", "no arguments were sent"), ("  ", "no arguments were sent"),
+     ('{"city": "Par', "arguments are not valid JSON")],
+)
+def test_unparseable_arguments_are_recorded_not_raised(arguments: str, error: str) -> None:
+    [call] = tool_calls({"index": 0, "function": fn(arguments, "get_weather")}, tools=WEATHER_TOOLS)
+    assert call.parsed is None
+    assert call.parse_error is not None and call.parse_error.startswith(error)
+    assert call.schema_errors is None
+    assert call.arguments == arguments
+
+
+def test_schema_validation_records_violations() -> None:
+    [ok] = tool_calls({"index": 0, "function": fn('{"city": "Paris"}', "get_weather")},
+                      tools=WEATHER_TOOLS)
+    assert ok.schema_errors == ()
+    [bad] = tool_calls({"index": 0, "function": fn('{"unit": "kelvin", "x": 1}', "get_weather")},
+                       tools=WEATHER_TOOLS)
+    assert bad.parsed == {"unit": "kelvin", "x": 1}
+    assert bad.schema_errors is not None and len(bad.schema_errors) == 3
+    assert any("'city' is a required property" in e for e in bad.schema_errors)
+    assert any(e.startswith("unit: 'kelvin' is not one of") for e in bad.schema_errors)
+
+
+def test_no_schema_for_an_unknown_function() -> None:
+    [call] = tool_calls({"index": 0, "function": fn("{}", "other")}, tools=WEATHER_TOOLS)
+    assert call.schema_errors is None
+
+
+def test_invalid_schema_is_reported_not_raised() -> None:
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": 12}}}]
+    [call] = tool_calls({"index": 0, "function": fn("{}", "f")}, tools=tools)
+    assert call.schema_errors is not None
+    assert call.schema_errors[0].startswith("the tool's schema is invalid")
+
+
+def test_later_usage_replaces_earlier_and_null_never_erases() -> None:
+    first = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+    last = {"prompt_tokens": 1, "completion_tokens": 5, "total_tokens": 6}
+    body = sse_body(chunk(usage=first), chunk(usage=last), chunk(delta(content="x"), usage=None))
+    assert parse_stream([body]).usage == Usage(1, 5, 6, last)
+
+
+def test_usage_with_non_integer_counts() -> None:
+    usage = Usage.from_dict({"prompt_tokens": "3", "total_tokens": 4.0, "completion_tokens": True})
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (None, None, None)
+
+
+def test_reading_continues_after_finish_reason() -> None:
+    usage = {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3}
+    body = sse_body(chunk(delta(content="a")), chunk(delta(0, "stop")), chunk(usage=usage))
+    result = parse_stream([body])
+    assert (result.text, result.choices[0].finish_reason, result.usage) == (
+        "a", "stop", Usage(2, 1, 3, usage))
+
+
+def test_outcomes() -> None:
+    assert parse_stream([sse_body(chunk(delta(content="a")))]).outcome is Outcome.COMPLETED
+    truncated = parse_stream([sse_body(chunk(delta(0, "stop", content="a")), done=False)])
+    assert (truncated.outcome, truncated.text, truncated.all_choices_finished) == (
+        Outcome.TRUNCATED, "a", True)
+    errored = parse_stream([sse_body(chunk(delta(content="a")), {"error": {"message": "x"}})])
+    assert (errored.outcome, errored.text, errored.error) == (
+        Outcome.ERROR, "a", StreamError("x"))
+
+
+def test_first_error_is_the_cause() -> None:
+    acc = Accumulator()
+    acc.extend([ErrorReported(StreamError("first")), ErrorReported(StreamError("second"))])
+    assert acc.error == StreamError("first")
+
+
+def test_length_and_content_filter_are_data() -> None:
+    body = sse_body(chunk(delta(0, "length", content="a"), delta(1, "content_filter")))
+    result = parse_stream([body])
+    assert result.outcome is Outcome.COMPLETED
+    assert [c.finish_reason for c in result.choices] == ["length", "content_filter"]
+
+
+def test_outcome_override_keeps_partial_output() -> None:
+    acc = Accumulator(stream="s", content_key="k")
+    acc.extend([TextDelta(0, "part"), ChoiceFinished(0, "stop"), DoneReceived()])
+    result = acc.result(outcome=Outcome.CANCELLED)
+    assert (result.outcome, result.text, result.stream, result.content_key) == (
+        Outcome.CANCELLED, "part", "s", "k")
+
+
+def test_skip_reasons_are_counted_and_capped() -> None:
+    acc = Accumulator()
+    acc.extend(FrameSkipped(f"r{i}", "") for i in range(25))
+    result = acc.result()
+    assert result.skipped_frames == 25
+    assert result.skip_reasons == tuple(f"r{i}" for i in range(10))
+
+
+def test_unknown_event_types_are_ignored() -> None:
+    acc = Accumulator()
+    acc.add(object())  # type: ignore[arg-type]
+    assert acc.result().choices == ()
+
+
+def test_tool_call_deltas_fold_without_a_parser() -> None:
+    acc = Accumulator()
+    acc.extend([ToolCallDelta(0, 0, "id", "function", "f", '{"a"'),
+                ToolCallDelta(0, 0, "id", "function", "f", ": 1}"),
+                UsageReported(Usage(1, 2, 3))])
+    assert acc.choices()[0].tool_calls[0].parsed == {"a": 1}

@@ -1,0 +1,62 @@
+"""Helpers shared by the tests: the ways one body can be cut into reads."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+
+from fanout import SSEDecoder, ServerSentEvent
+
+
+def byte_at_a_time(body: bytes) -> list[bytes]:
+    return [body[i : i + 1] for i in range(len(body))]
+
+
+def split_at(body: bytes, offsets: Sequence[int]) -> list[bytes]:
+    """Cut ``body`` at the given offsets (any order, duplicates allowed: empty reads)."""
+    points = [0, *sorted(offsets), len(body)]
+    return [body[a:b] for a, b in zip(points, points[1:], strict=False)]
+
+
+def random_splits(body: bytes, seed: int, count: int = 20) -> Iterator[list[bytes]]:
+    rng = random.Random(seed)
+    for _ in range(count):
+        cuts = rng.randint(0, min(len(body), 64))
+        yield split_at(body, [rng.randint(0, len(body)) for _ in range(cuts)])
+
+
+def every_split(body: bytes) -> Iterator[list[bytes]]:
+    """The body whole, byte at a time, and cut in two at every offset."""
+    yield [body]
+    yield byte_at_a_time(body)
+    for i in range(len(body) + 1):
+        yield [body[:i], body[i:]]
+
+
+def decode(chunks: Sequence[bytes], **kwargs: int) -> tuple[list[ServerSentEvent], SSEDecoder]:
+    decoder = SSEDecoder(**kwargs)
+    events: list[ServerSentEvent] = []
+    for chunk in chunks:
+        events.extend(decoder.feed(chunk))
+    events.extend(decoder.close())
+    return events, decoder
+
+
+def chunk(*choices: dict[str, object], **fields: object) -> dict[str, object]:
+    """A chat.completion.chunk with these choices and top-level fields."""
+    return {"id": "c1", "object": "chat.completion.chunk", "choices": list(choices), **fields}
+
+
+def delta(index: int = 0, finish_reason: str | None = None, **fields: object) -> dict[str, object]:
+    """One ``choices[i]`` entry with a delta of these fields."""
+    return {"index": index, "delta": fields, "finish_reason": finish_reason}
+
+
+def sse_body(*frames: object, done: bool = True) -> bytes:
+    """Serialize frames as ``data:`` events; str frames are sent verbatim."""
+    import json
+
+    parts = [f"data: {f if isinstance(f, str) else json.dumps(f)}\n\n" for f in frames]
+    if done:
+        parts.append("data: [DONE]\n\n")
+    return "".join(parts).encode()
