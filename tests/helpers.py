@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Iterator, Sequence
 
-from fanout import SSEDecoder, ServerSentEvent
+from fanout import ServerSentEvent, SSEDecoder
 
 
 def byte_at_a_time(body: bytes) -> list[bytes]:
@@ -15,7 +16,7 @@ def byte_at_a_time(body: bytes) -> list[bytes]:
 def split_at(body: bytes, offsets: Sequence[int]) -> list[bytes]:
     """Cut ``body`` at the given offsets (any order, duplicates allowed: empty reads)."""
     points = [0, *sorted(offsets), len(body)]
-    return [body[a:b] for a, b in zip(points, points[1:], strict=False)]
+    return [body[a:b] for a, b in itertools.pairwise(points)]
 
 
 def random_splits(body: bytes, seed: int, count: int = 20) -> Iterator[list[bytes]]:

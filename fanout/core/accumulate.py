@@ -283,7 +283,7 @@ class Accumulator:
             parse_error = "no arguments were sent"
         else:
             try:
-                parsed = json.loads(arguments)
+                parsed = json.loads(arguments, parse_constant=_reject_constant)
             except (ValueError, RecursionError) as exc:
                 parse_error = f"arguments are not valid JSON: {exc}"
         schema = self._schemas.get(state.name) if state.name else None
@@ -293,6 +293,11 @@ class Accumulator:
             state.index, state.id, state.type, state.name, arguments, parsed, parse_error,
             schema_errors,
         )
+
+
+def _reject_constant(name: str) -> Any:
+    # json.loads accepts NaN and Infinity; JSON (and every tool runtime) does not.
+    raise ValueError(f"{name} is not valid JSON")
 
 
 def _schemas_by_name(tools: Sequence[Mapping[str, Any]] | None) -> dict[str, Mapping[str, Any]]:

@@ -140,7 +140,9 @@ def test_tool_calls_are_per_choice() -> None:
 @pytest.mark.parametrize(
     ("arguments", "error"),
     [("", "no arguments were sent"), ("  ", "no arguments were sent"),
-     ('{"city": "Par', "arguments are not valid JSON")],
+     ('{"city": "Par', "arguments are not valid JSON"),
+     ('{"city": NaN}', "arguments are not valid JSON: NaN is not valid JSON"),
+     ("-Infinity", "arguments are not valid JSON: -Infinity is not valid JSON")],
 )
 def test_unparseable_arguments_are_recorded_not_raised(arguments: str, error: str) -> None:
     [call] = tool_calls({"index": 0, "function": fn(arguments, "get_weather")}, tools=WEATHER_TOOLS)

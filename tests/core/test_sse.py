@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from fanout import EventTooLarge, SSEDecoder, ServerSentEvent
+from fanout import EventTooLarge, ServerSentEvent, SSEDecoder
 from tests.helpers import decode, every_split
 
 E = ServerSentEvent

@@ -1,0 +1,71 @@
+"""The public namespace, and the sans-I/O promise of the core."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import fanout
+
+PACKAGE = Path(fanout.__file__).parent
+
+
+def test_all_is_exactly_the_public_namespace() -> None:
+    public = {name for name in vars(fanout) if not name.startswith("_")}
+    public -= {"core"}  # the subpackage is importable, not part of the flat API
+    assert public == set(fanout.__all__)
+    assert len(fanout.__all__) == len(set(fanout.__all__))
+
+
+def test_every_public_name_has_a_docstring() -> None:
+    for name in fanout.__all__:
+        obj = getattr(fanout, name)
+        if callable(obj):
+            assert obj.__doc__, name
+
+
+def _imported_modules(path: Path) -> set[str]:
+    modules = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            modules.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            modules.add(node.module.split(".")[0])
+    return modules
+
+
+def test_core_sources_import_no_io_library() -> None:
+    allowed_third_party = {"attrs", "orjson", "jsonschema"}
+    for path in (PACKAGE / "core").glob("*.py"):
+        third_party = _imported_modules(path) - set(sys.stdlib_module_names)
+        assert third_party <= allowed_third_party, (path.name, third_party)
+
+
+def test_core_runs_with_trio_and_httpx_unimportable() -> None:
+    # A fresh interpreter where importing trio or httpx fails; the core must not care.
+    script = f"""
+import importlib.abc, sys, types
+
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('trio', 'httpx', 'httpcore', 'anyio'):
+            raise ImportError('blocked: ' + name)
+        return None
+
+sys.meta_path.insert(0, Block())
+package = types.ModuleType('fanout')
+package.__path__ = [{str(PACKAGE)!r}]
+sys.modules['fanout'] = package
+from fanout.core.parser import parse_stream
+result = parse_stream([b'data: {{"choices":[{{"index":0,"delta":{{"content":"ok"}}}}]}}\\n\\n',
+                       b'data: [DONE]\\n\\n'])
+assert result.text == 'ok' and result.outcome == 'completed', result
+loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('trio', 'httpx', 'httpcore'))
+assert not loaded, loaded
+print('core ok')
+"""
+    completed = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.strip() == "core ok"
