@@ -134,7 +134,14 @@ class Accumulator:
     def extend(self, events: Iterable[CoreEvent]) -> None:
         """Fold several events in, in order."""
         handlers = self._handlers
+        choices = self._choices
         for event in events:
+            if type(event) is TextDelta:  # the hot path, without a call
+                state = choices.get(event.choice)
+                if state is None:
+                    state = choices[event.choice] = _ChoiceState()
+                state.text.append(event.text)
+                continue
             handler = handlers.get(type(event))
             if handler is not None:
                 handler(event)

@@ -82,30 +82,41 @@ class ChatChunkInterpreter:
         self.interpret_into(event, out)
         return out
 
-    def interpret_into(self, event: ServerSentEvent, out: list[CoreEvent]) -> None:
-        """Like ``interpret``, appending to ``out`` (the parser's hot path)."""
+    def interpret_into(self, event: ServerSentEvent | str, out: list[CoreEvent]) -> None:
+        """Like ``interpret``, appending to ``out`` (the parser's hot path).
+
+        A plain ``str`` is the data of a ``message`` event.
+        """
         if self.done:
             self.ignored_after_done += 1
             return
-        data = event.data
+        if type(event) is str:
+            data = event
+            event_type = "message"
+        else:
+            data = event.data  # type: ignore[union-attr]
+            event_type = event.event  # type: ignore[union-attr]
         stream = self._stream
         key = self._content_key
         if data == "[DONE]" or (data[:1] != "{" and data.strip() == "[DONE]"):
             self.done = True
             out.append(DoneReceived(stream, key))
             return
-        if event.event == "error":
+        if event_type == "error":
             try:
-                payload = self._loads(data)
+                payload = _loads_checked(data)
             except (ValueError, RecursionError):
                 payload = data
             out.append(ErrorReported(error_from_payload(payload), stream, key))
             return
         try:
             chunk = self._loads(data)
-        except (ValueError, RecursionError) as exc:
-            self._skip(f"invalid JSON: {_first_line(exc)}", data, out)
-            return
+        except (ValueError, RecursionError):
+            try:  # the standard library is the referee of what is JSON
+                chunk = _json.loads_stdlib(data)
+            except (ValueError, RecursionError) as exc:
+                self._skip(f"invalid JSON: {_first_line(exc)}", data, out)
+                return
         if type(chunk) is not dict:
             self._skip(f"JSON {type(chunk).__name__}, not an object", data, out)
             return
@@ -113,11 +124,14 @@ class ChatChunkInterpreter:
             out.append(ErrorReported(error_from_payload(chunk), stream, key))
             return
 
-        meta = (chunk.get("id"), chunk.get("model"), chunk.get("system_fingerprint"))
-        if meta != self._meta:
-            self._meta = meta
-            out.append(ResponseInfo(_str_or_none(meta[0]), _str_or_none(meta[1]),
-                                    _str_or_none(meta[2]), stream, key))
+        meta = self._meta
+        response_id = chunk.get("id")
+        model = chunk.get("model")
+        fingerprint = chunk.get("system_fingerprint")
+        if response_id != meta[0] or model != meta[1] or fingerprint != meta[2]:
+            self._meta = (response_id, model, fingerprint)
+            out.append(ResponseInfo(_str_or_none(response_id), _str_or_none(model),
+                                    _str_or_none(fingerprint), stream, key))
 
         choices = chunk.get("choices")
         if choices and type(choices) is list:
@@ -133,7 +147,13 @@ class ChatChunkInterpreter:
                     index = 0
                 delta = choice.get("delta")
                 if delta and type(delta) is dict:
-                    self._delta(index, delta, data, out)
+                    content = delta.get("content")
+                    if len(delta) == 1 and content is not None:
+                        # The hot path: `{"content": "..."}` and nothing else.
+                        if content and type(content) is str:
+                            out.append(TextDelta(index, content, stream, key))
+                    else:
+                        self._delta(index, delta, content, data, out)
                 finish_reason = choice.get("finish_reason")
                 if finish_reason is not None:
                     out.append(ChoiceFinished(index, str(finish_reason), stream, key))
@@ -142,7 +162,9 @@ class ChatChunkInterpreter:
         if usage and type(usage) is dict:
             out.append(UsageReported(Usage.from_dict(usage), stream, key))
 
-    def _delta(self, index: int, delta: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
+    def _delta(
+        self, index: int, delta: dict[str, Any], content: Any, data: str, out: list[CoreEvent]
+    ) -> None:
         stream = self._stream
         key = self._content_key
         role = delta.get("role")
@@ -154,7 +176,6 @@ class ChatChunkInterpreter:
             reasoning = delta.get("reasoning")
         if reasoning and type(reasoning) is str:
             out.append(ReasoningDelta(index, reasoning, stream, key))
-        content = delta.get("content")
         if content and type(content) is str:
             out.append(TextDelta(index, content, stream, key))
         refusal = delta.get("refusal")
@@ -226,12 +247,19 @@ def error_from_response(status: int, body: bytes, reason: str = "") -> StreamErr
     text = body.decode("utf-8", "replace").strip()
     if text:
         try:
-            payload: Any = _json.loads(text)
+            payload: Any = _loads_checked(text)
         except (ValueError, RecursionError):
             payload = text[:2000]
     else:
         payload = f"HTTP {status} {reason}".strip()
     return error_from_payload(payload, status)
+
+
+def _loads_checked(text: str) -> Any:
+    try:
+        return _json.loads(text)
+    except (ValueError, RecursionError):
+        return _json.loads_stdlib(text)
 
 
 def _str_or_none(value: Any) -> str | None:

@@ -101,7 +101,7 @@ class StreamParser:
                     out.append(self._stop(ResponseTooLarge(size, limit)))
                 return out
         try:
-            sse_events = self._decoder.feed(data)
+            sse_events = self._decoder._feed_items(data)
         except EventTooLarge as exc:
             out = self._interpret(exc.events)
             out.append(self._stop(exc))
@@ -147,7 +147,7 @@ class StreamParser:
             ignored_after_done=self._interpreter.ignored_after_done,
         )
 
-    def _interpret(self, sse_events: list[ServerSentEvent]) -> list[CoreEvent]:
+    def _interpret(self, sse_events: Sequence[ServerSentEvent | str]) -> list[CoreEvent]:
         out: list[CoreEvent] = []
         if not sse_events:
             return out

@@ -105,6 +105,13 @@ class SSEDecoder:
         being collected passes ``max_event_size`` characters; the events this
         call completed before that are on the exception's ``events``.
         """
+        items = self._feed_items(data)
+        return _events(items) if items else []
+
+    def _feed_items(self, data: bytes) -> list[ServerSentEvent | str]:
+        """``feed()`` for StreamParser: a plain ``str`` stands for
+        ``ServerSentEvent(that, "message", "", None)``, which saves building an
+        object per chunk on the hot path."""
         if self._failed is not None:
             raise EventTooLarge(self._failed.size, self._failed.limit)
         if self._closed:
@@ -124,7 +131,7 @@ class SSEDecoder:
             return []
         if self._closed:
             return []
-        events = self._feed_text(self._decoder.decode(b"", True))
+        events = _events(self._feed_text(self._decoder.decode(b"", True)))
         self._closed = True
         pending = "".join(self._pending)
         self.unterminated = bool(
@@ -134,7 +141,7 @@ class SSEDecoder:
         self._data.clear()
         return events
 
-    def _feed_text(self, text: str) -> list[ServerSentEvent]:
+    def _feed_text(self, text: str) -> list[ServerSentEvent | str]:
         if not text:
             return []
         if not self._bom_done:
@@ -161,33 +168,57 @@ class SSEDecoder:
             self._pending.append(text)
             text = "".join(self._pending)
             self._pending.clear()
-        lines = text.split("\n")
-        rest = lines.pop()
+        # Split on blank lines first: every piece but the last is a whole block
+        # of lines that ends in a dispatch.  A block that is one `data: ` line
+        # (nearly every chat chunk) becomes an event without the line loop.
+        blocks = text.split("\n\n")
+        tail = blocks.pop().split("\n")  # complete lines, then the partial one
+        rest = tail.pop()
+        events: list[ServerSentEvent | str] = []
+        limit = self.max_event_size
+        plain = not self.last_event_id  # a bare str carries no id
+        for block in blocks:
+            if (
+                not self._field_seen
+                and block.startswith("data: ")
+                and "\n" not in block
+                and len(block) <= limit
+            ):
+                if plain:
+                    events.append(block[6:])
+                else:
+                    events.append(ServerSentEvent(block[6:], "message", self.last_event_id))
+                continue
+            lines = block.split("\n")
+            lines.append("")
+            self._process(lines, events)
+            plain = not self.last_event_id
+        if tail:
+            self._process(tail, events)
         if rest:
             self._pending.append(rest)
         self._pending_size = len(rest)
-        events = self._process(lines)
         self._check_size(events)
         return events
 
-    def _check_size(self, events: list[ServerSentEvent]) -> None:
+    def _check_size(self, events: list[ServerSentEvent | str]) -> None:
         size = self._data_size + self._pending_size
         if size > self.max_event_size:
-            self._failed = EventTooLarge(size, self.max_event_size, events)
+            self._failed = EventTooLarge(size, self.max_event_size, _events(events))
             # Drop what we held: the point of the limit is bounded memory.
             self._pending.clear()
             self._data.clear()
             raise self._failed
 
-    def _process(self, lines: list[str]) -> list[ServerSentEvent]:
-        events: list[ServerSentEvent] = []
+    def _process(self, lines: list[str], events: list[ServerSentEvent | str]) -> None:
+        """The general path: each line as the spec says; a blank line dispatches."""
         data = self._data
         for line in lines:
             if not line:
                 if data:
                     events.append(
                         ServerSentEvent(
-                            "\n".join(data),
+                            data[0] if len(data) == 1 else "\n".join(data),
                             self._event_type or "message",
                             self.last_event_id,
                             self._retry_in_block,
@@ -226,4 +257,7 @@ class SSEDecoder:
             elif name == "retry" and value.isascii() and value.isdigit():
                 self.retry = self._retry_in_block = int(value)
             # Any other field name is ignored, as the spec says.
-        return events
+
+
+def _events(items: list[ServerSentEvent | str]) -> list[ServerSentEvent]:
+    return [ServerSentEvent(item) if type(item) is str else item for item in items]  # type: ignore[misc]

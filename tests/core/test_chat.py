@@ -253,3 +253,20 @@ def test_stream_and_content_key_are_on_every_event() -> None:
         events += interpreter.interpret(ServerSentEvent(data))
     assert len(events) == 9
     assert all((e.stream, e.content_key) == ("s", "k") for e in events)
+
+
+def test_fanout_json_stdlib_forces_the_standard_library() -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "FANOUT_JSON": "stdlib"}
+    code = "from fanout.core import _json; import json; print(_json.BACKEND, _json.loads is json.loads)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.split() == ["stdlib", "True"], out.stderr
+
+
+def test_what_orjson_rejects_the_stdlib_referee_decides() -> None:
+    # NaN and integers beyond 64 bits: orjson refuses, json.loads accepts.
+    frame = '{"choices":[{"index":0,"delta":{"content":"ok"},"logprobs":NaN}],"n":1' + "0" * 30 + "}"
+    assert interpret(frame, strict=True) == [TextDelta(0, "ok")]
