@@ -1,0 +1,1 @@
+"""fanout's command line.  The library never imports this package."""

@@ -1,0 +1,114 @@
+"""``fanout``: the command line.  ``fanout mock`` today; ``compare`` and ``batch`` follow."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import signal
+import sys
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+
+import trio
+
+from ..upstream.capture import PACKAGED_CAPTURES
+from ..upstream.fragment import MODES, Fragmenter
+from ..upstream.models import MODELS
+from ..upstream.server import RunningUpstream, serve_upstream
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fanout", description=(
+        "Stream chat completions from many models at once, through one endpoint and one key."))
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    mock = commands.add_parser(
+        "mock", help="serve the embedded OpenAI-compatible upstream",
+        description="Serve the embedded OpenAI-compatible upstream: scripted models, faults "
+                    "and capture replay. Prints its base URL, serves until Ctrl-C.")
+    mock.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    mock.add_argument("--port", type=int, default=0, help="port (default: any free one)")
+    mock.add_argument("--key", help="require this bearer key (401 otherwise)")
+    mock.add_argument("--cadence", type=float, metavar="SECONDS",
+                      help="seconds between chunks for every model (default: per model)")
+    mock.add_argument("--fragment", default="auto",
+                      help=f"how writes are cut: {', '.join(MODES)} (random:SEED)")
+    mock.add_argument("--captures", type=Path, action="append", default=[], metavar="DIR",
+                      help="also serve the captures in DIR as replay/<name>")
+    mock.add_argument("--list", action="store_true", help="list the models and exit")
+    return parser
+
+
+def _mock(args: argparse.Namespace) -> int:
+    if args.list:
+        for spec in MODELS.values():
+            print(f"{spec.id:26} {spec.description}")
+        print(f"{'replay/<capture>':26} a recorded stream with its timing (:x0 = no delays)")
+        return 0
+    try:
+        Fragmenter(args.fragment)
+    except ValueError as exc:
+        print(f"fanout mock: --fragment: {exc}", file=sys.stderr)
+        return 2
+    if args.cadence is not None and args.cadence < 0:
+        print(f"fanout mock: --cadence: {args.cadence} is negative", file=sys.stderr)
+        return 2
+    for directory in args.captures:
+        if not directory.is_dir():
+            print(f"fanout mock: --captures: {directory} is not a directory", file=sys.stderr)
+            return 2
+    if not _is_loopback(args.host):
+        print(f"fanout mock: warning: binding {args.host}, not loopback: anyone who can "
+              "reach this machine can use it", file=sys.stderr)
+
+    async def run() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_stop_on_sigterm, nursery.cancel_scope)
+            running: RunningUpstream = await nursery.start(partial(
+                serve_upstream, args.host, args.port, key=args.key, cadence=args.cadence,
+                fragment=args.fragment, captures=[PACKAGED_CAPTURES, *args.captures]))
+            print(running.base_url, flush=True)
+            print(f"fanout mock: {len(MODELS)} models and the captures as replay/<name>; "
+                  f"key {'required' if args.key else 'not required'}; Ctrl-C stops",
+                  file=sys.stderr, flush=True)
+
+    try:
+        trio.run(run)
+    except KeyboardInterrupt:
+        return 0
+    except OSError as exc:
+        print(f"fanout mock: cannot listen on {args.host}:{args.port}: {exc.strerror}",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _stop_on_sigterm(scope: trio.CancelScope) -> None:
+    # SIGTERM (what process managers send) stops the server as cleanly as Ctrl-C.
+    with trio.open_signal_receiver(signal.SIGTERM) as signals:
+        async for _ in signals:
+            scope.cancel()
+            return
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    args = _parser().parse_args(argv)
+    if args.command == "mock":
+        return _mock(args)
+    raise AssertionError(f"unhandled command {args.command!r}")  # pragma: no cover
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,13 @@
+"""The embedded OpenAI-compatible upstream: scripted models, faults and capture replay.
+
+``fanout mock`` serves it on the command line; ``serve_upstream`` /
+``open_upstream`` run it inside a trio program or a test.
+"""
+
+from .capture import Capture as Capture
+from .models import MODELS as MODELS
+from .server import RunningUpstream as RunningUpstream
+from .server import open_upstream as open_upstream
+from .server import serve_upstream as serve_upstream
+
+__all__ = ["MODELS", "Capture", "RunningUpstream", "open_upstream", "serve_upstream"]

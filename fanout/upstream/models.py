@@ -1,0 +1,489 @@
+"""What each model of the embedded upstream answers.
+
+Scripted models (``mock/*``) give deterministic answers from the seed and
+the prompt.  Fault models (``fault/*``) break a stream the ways real relays
+do.  ``replay/<capture>`` serves a recorded body with its recorded timing.
+A model id may carry arguments after ``:`` (``fault/429:3``) and a
+fragmenting mode after ``@`` (``mock/fast@byte``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+import orjson
+
+from .capture import Capture
+from .corpus import REASONING, cut, example_arguments, fragments, rng_for
+from .plans import Abort, ChatRequest, Hang, Pause, Plan, Send, Step, error_plan, json_plan
+
+__all__ = ["MODELS", "Context", "ModelSpec", "plan_chat"]
+
+SSE_HEADERS = (("content-type", "text/event-stream; charset=utf-8"),
+               ("cache-control", "no-cache"), ("x-accel-buffering", "no"))
+DONE = b"data: [DONE]\n\n"
+
+
+@attrs.define
+class Context:
+    """What a plan may consult beyond its request: server-wide settings and state."""
+
+    cadence: float | None = None  # the server's cadence, overriding model defaults
+    attempts: dict[str, int] = attrs.Factory(dict)  # conversation -> requests seen
+    captures: Mapping[str, Path] = attrs.Factory(dict)
+    _loaded: dict[str, Capture] = attrs.Factory(dict)
+
+    def capture(self, name: str) -> Capture | None:
+        if name not in self._loaded:
+            path = self.captures.get(name)
+            if path is None:
+                return None
+            self._loaded[name] = Capture.load(path)
+        return self._loaded[name]
+
+    def attempt(self, request: ChatRequest) -> int:
+        """Count this request of its conversation; the first is 1."""
+        key = f"{request.name}:{request.conversation}"
+        self.attempts[key] = self.attempts.get(key, 0) + 1
+        return self.attempts[key]
+
+
+@attrs.frozen
+class ModelSpec:
+    id: str
+    description: str
+    plan: Callable[[ChatRequest, Context], Plan]
+
+
+# ---------------------------------------------------------------- answers
+
+@attrs.define
+class _Choice:
+    """One choice's answer as the parts a stream sends, in order."""
+
+    # ("content" | "reasoning", text) or ("tool", tool index, id | None, name | None, fragment)
+    parts: list[tuple[Any, ...]] = attrs.Factory(list)
+    finish_reason: str = "stop"
+
+    @property
+    def content(self) -> str:
+        return "".join(p[1] for p in self.parts if p[0] == "content")
+
+    @property
+    def reasoning(self) -> str:
+        return "".join(p[1] for p in self.parts if p[0] == "reasoning")
+
+
+def _limit(choice: _Choice, request: ChatRequest, natural: int) -> None:
+    """Cut a text answer at ``max_tokens`` (one part is one token) -> finish ``length``."""
+    if request.max_tokens is not None and request.max_tokens < natural:
+        choice.parts = choice.parts[: request.max_tokens]
+        choice.finish_reason = "length"
+
+
+def _text(request: ChatRequest, index: int, kind: str) -> _Choice:
+    rng = rng_for(request.seed, request.name, request.prompt, index)
+    choice = _Choice()
+    if kind == "echo":
+        pieces = cut(rng, request.prompt or "(empty prompt)")
+    elif kind == "length":
+        count = request.max_tokens or request.tokens or 16
+        choice.parts = [("content", f) for f in fragments(rng, count)]
+        choice.finish_reason = "length"
+        return choice
+    else:
+        pieces = fragments(rng, request.tokens or rng.randint(30, 90))
+    if kind == "reasoning":
+        choice.parts = [("reasoning", f) for f in cut(rng, " ".join(REASONING))]
+    choice.parts += [("content", p) for p in pieces]
+    _limit(choice, request, len(choice.parts))
+    return choice
+
+
+def _tool_calls(request: ChatRequest, index: int, names: list[str]) -> _Choice:
+    """Tool calls with their argument fragments interleaved across calls (0, 1, 0, 1, …)."""
+    rng = rng_for(request.seed, request.name, request.prompt, index, "tools")
+    schemas = {t.get("function", {}).get("name"): t.get("function", {}).get("parameters") or {}
+               for t in request.tools}
+    streams = []
+    for tool_index, name in enumerate(names):
+        schema = schemas.get(name) or {"type": "object", "properties": {
+            "city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city", "days"]}
+        arguments = orjson.dumps(example_arguments(schema, rng)).decode()
+        call_id = f"call_{rng.getrandbits(48):012x}"
+        head: list[tuple[Any, ...]] = [("tool", tool_index, call_id, name, "")]
+        streams.append(head + [("tool", tool_index, None, None, f) for f in cut(rng, arguments)])
+    choice = _Choice(finish_reason="tool_calls")
+    for group in itertools.zip_longest(*streams):
+        choice.parts += [part for part in group if part is not None]
+    return choice
+
+
+def _forced_tool(request: ChatRequest) -> str | None:
+    """The function ``tool_choice`` forces, if it forces one."""
+    if not request.tools:
+        return None
+    choice = request.tool_choice
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name")
+        return name if isinstance(name, str) else None
+    if choice == "required":
+        return str(request.tools[0].get("function", {}).get("name", "tool"))
+    return None
+
+
+def _answer(request: ChatRequest, kind: str) -> list[_Choice]:
+    forced = _forced_tool(request)
+    answers = []
+    for index in range(request.n):
+        if forced is not None:
+            answers.append(_tool_calls(request, index, [forced]))
+        elif kind == "tools":
+            names = [str(t.get("function", {}).get("name")) for t in request.tools[:2]]
+            answers.append(_tool_calls(request, index, [*names, "get_weather", "get_time"][:2]))
+        else:
+            answers.append(_text(request, index, kind))
+    return answers
+
+
+# ---------------------------------------------------------------- streams
+
+class _Chunks:
+    """Serializes chat.completion.chunk events for one response."""
+
+    def __init__(self, request: ChatRequest) -> None:
+        rng = rng_for(request.seed, request.model, request.prompt, "id")
+        self.head = {"id": f"chatcmpl-mock{rng.getrandbits(64):016x}",
+                     "object": "chat.completion.chunk", "created": int(time.time()),
+                     "model": request.model, "system_fingerprint": "fp_fanout_mock"}
+
+    def event(self, choices: list[dict[str, Any]], usage: Any = None) -> bytes:
+        body = {**self.head, "choices": choices}
+        if usage is not None:
+            body["usage"] = usage
+        return b"data: " + orjson.dumps(body) + b"\n\n"
+
+    def part(self, index: int, part: tuple[Any, ...]) -> bytes:
+        if part[0] == "tool":
+            _, tool_index, call_id, name, arguments = part
+            call: dict[str, Any] = {"index": tool_index, "function": {"arguments": arguments}}
+            if call_id is not None:
+                call.update(id=call_id, type="function")
+                call["function"]["name"] = name
+            delta: dict[str, Any] = {"tool_calls": [call]}
+        elif part[0] == "reasoning":
+            delta = {"reasoning_content": part[1]}
+        else:
+            delta = {"content": part[1]}
+        return self.event([{"index": index, "delta": delta, "logprobs": None,
+                            "finish_reason": None}])
+
+
+def _usage(request: ChatRequest, answers: list[_Choice]) -> dict[str, Any]:
+    completion = sum(len(a.parts) for a in answers)
+    reasoning = sum(1 for a in answers for p in a.parts if p[0] == "reasoning")
+    return {"prompt_tokens": request.prompt_tokens, "completion_tokens": completion,
+            "total_tokens": request.prompt_tokens + completion,
+            "completion_tokens_details": {"reasoning_tokens": reasoning}}
+
+
+def _pauses(request: ChatRequest, context: Context, default: float | tuple[float, float]
+            ) -> Iterator[float]:
+    """Seconds before each chunk: the request's cadence, else the server's, else the model's."""
+    cadence = request.cadence if request.cadence is not None else context.cadence
+    if cadence is not None:
+        return itertools.repeat(cadence)
+    if isinstance(default, tuple):
+        rng = rng_for(request.seed, request.model, request.prompt, "cadence")
+        low, high = default
+        return (rng.uniform(low, high) for _ in itertools.count())
+    return itertools.repeat(default)
+
+
+def _stream(request: ChatRequest, answers: list[_Choice], pauses: Iterator[float]
+            ) -> Iterator[Step]:
+    chunks = _Chunks(request)
+    yield Send(chunks.event([{"index": i, "delta": {"role": "assistant", "content": ""},
+                              "logprobs": None, "finish_reason": None}
+                             for i in range(len(answers))]))
+    for group in itertools.zip_longest(*(a.parts for a in answers)):
+        for index, part in enumerate(group):
+            if part is None:
+                continue
+            pause = next(pauses)
+            if pause:
+                yield Pause(pause)
+            yield Send(chunks.part(index, part))
+    yield Send(chunks.event([{"index": i, "delta": {}, "logprobs": None,
+                              "finish_reason": a.finish_reason} for i, a in enumerate(answers)]))
+    if request.include_usage:
+        yield Send(chunks.event([], _usage(request, answers)))
+    yield Send(DONE)
+
+
+def _completion(request: ChatRequest, answers: list[_Choice]) -> Plan:
+    chunks = _Chunks(request)
+    choices = []
+    for index, answer in enumerate(answers):
+        message: dict[str, Any] = {"role": "assistant", "content": answer.content or None}
+        if answer.reasoning:
+            message["reasoning_content"] = answer.reasoning
+        calls: dict[int, dict[str, Any]] = {}
+        for part in answer.parts:
+            if part[0] == "tool":
+                call = calls.setdefault(part[1], {"id": part[2], "type": "function",
+                                                  "function": {"name": part[3], "arguments": ""}})
+                call["function"]["arguments"] += part[4]
+        if calls:
+            message["tool_calls"] = [calls[i] for i in sorted(calls)]
+        choices.append({"index": index, "message": message, "logprobs": None,
+                        "finish_reason": answer.finish_reason})
+    return json_plan(200, {**chunks.head, "object": "chat.completion", "choices": choices,
+                           "usage": _usage(request, answers)})
+
+
+def _scripted(kind: str, cadence: float | tuple[float, float] = 0.0
+              ) -> Callable[[ChatRequest, Context], Plan]:
+    def plan(request: ChatRequest, context: Context) -> Plan:
+        answers = _answer(request, kind)
+        if not request.stream:
+            return _completion(request, answers)
+        pauses = _pauses(request, context, cadence)
+        zero = request.cadence == 0 or (request.cadence is None and (
+            context.cadence == 0 or (context.cadence is None and cadence == 0)))
+        return Plan(200, SSE_HEADERS, steps=_stream(request, answers, pauses),
+                    fragment=request.fragment, cadence_zero=zero)
+    return plan
+
+
+# ---------------------------------------------------------------- faults
+
+def _arg(request: ChatRequest, default: float) -> float:
+    try:
+        return float(request.args[0]) if request.args and request.args[0] else default
+    except ValueError:
+        return default
+
+
+def _fault(transform: Callable[[ChatRequest, Iterator[Step]], Iterable[Step]]
+           ) -> Callable[[ChatRequest, Context], Plan]:
+    """A fault model: mock/fast's stream, transformed."""
+    base = _scripted("text")
+
+    def plan(request: ChatRequest, context: Context) -> Plan:
+        normal = base(request, context)
+        if normal.steps is None:
+            return normal
+        return attrs.evolve(normal, steps=transform(request, iter(normal.steps)))
+    return plan
+
+
+def _until_sends(steps: Iterator[Step], count: int) -> Iterator[Step]:
+    """The steps up to and including the ``count``-th Send."""
+    sent = 0
+    for step in steps:
+        yield step
+        if isinstance(step, Send):
+            sent += 1
+            if sent >= count:
+                return
+
+
+def _next_send(steps: Iterator[Step]) -> Send | None:
+    return next((s for s in steps if isinstance(s, Send)), None)
+
+
+def _truncate(request: ChatRequest, steps: Iterator[Step]) -> Iterator[Step]:
+    yield from _until_sends(steps, int(_arg(request, 5)))
+    following = _next_send(steps)
+    if following is not None:
+        yield Send(following.data[: len(following.data) // 2])
+    yield Abort()
+
+
+def _no_done(request: ChatRequest, steps: Iterator[Step]) -> Iterator[Step]:
+    for step in steps:
+        if isinstance(step, Send) and step.data == DONE:
+            return
+        yield step
+
+
+def _drop_chunked(request: ChatRequest, steps: Iterator[Step]) -> Iterator[Step]:
+    yield from _until_sends(steps, int(_arg(request, 5)))
+    following = _next_send(steps)
+    yield Abort(following.data[: max(1, len(following.data) // 2)] if following else b"data")
+
+
+def _stall(request: ChatRequest, steps: Iterator[Step]) -> Iterator[Step]:
+    yield from _until_sends(steps, int(_arg(request, 5)))
+    yield Hang()
+
+
+def _heartbeat_stall(request: ChatRequest, steps: Iterator[Step]) -> Iterator[Step]:
+    yield from _until_sends(steps, int(_arg(request, 5)))
+    interval = request.cadence or 0.2
+    while True:
+        yield Pause(interval)
+        yield Send(b": ping - fanout keep-alive\n\n")
+
+
+def _slow_first_token(request: ChatRequest, steps: Iterator[Step]) -> Iterator[Step]:
+    yield from _until_sends(steps, 1)  # the role chunk comes at once; content waits
+    yield Pause(request.delay if request.delay is not None else _arg(request, 2.0))
+    yield from steps
+
+
+GARBAGE = (b"data: {\"choices\": [{\"index\": 0, \"delta\": {\"content\": \"unterminated\n\n",
+           b"data: [1, 2, 3]\n\n", b"data: \"just a string\"\n\n", b"data: nul\n\n",
+           b"data: {'single': 'quotes'}\n\n")
+
+
+def _garbage(request: ChatRequest, steps: Iterator[Step]) -> Iterator[Step]:
+    sends = 0
+    for step in steps:
+        if isinstance(step, Send) and step.data != DONE:
+            sends += 1
+            if sends % 4 == 0:
+                yield Send(GARBAGE[(sends // 4 - 1) % len(GARBAGE)])
+        yield step
+
+
+def _huge_event(request: ChatRequest, steps: Iterator[Step]) -> Iterator[Step]:
+    size = int(_arg(request, 16 * 1024 * 1024))
+    yield from _until_sends(steps, 3)
+    yield Send(b'data: {"choices":[{"index":0,"delta":{"content":"')
+    piece = b"x" * 65536
+    for _ in range(size // len(piece)):
+        yield Send(piece)
+        yield Pause(0.001)  # slowly: a limit must hold while the bytes trickle in
+    yield Send(b'"},"finish_reason":null}]}\n\n')
+    yield from steps
+
+
+def _bad_utf8(request: ChatRequest, steps: Iterator[Step]) -> Iterator[Step]:
+    yield from _until_sends(steps, 3)
+    yield Send(b'data: {"choices":[{"index":0,"delta":{"content":" bad \xff\xfe\xc3( bytes "}}]}'
+               b"\n\n")
+    yield from steps
+
+
+def _error_event(request: ChatRequest, steps: Iterator[Step]) -> Iterator[Step]:
+    yield from _until_sends(steps, 5)
+    error = {"message": "The model crashed mid-stream (fanout mock).",
+             "type": "server_error", "code": "mock_crash"}
+    if request.args and request.args[0] == "typed":
+        yield Send(b"event: error\ndata: " + orjson.dumps(error) + b"\n\n")
+    else:
+        yield Send(b"data: " + orjson.dumps({"error": error}) + b"\n\n")
+
+
+def _fails_first(status: int, default_times: int) -> Callable[[ChatRequest, Context], Plan]:
+    """``status`` for the first K requests of a conversation, then mock/fast's answer."""
+    base = _scripted("text")
+
+    def plan(request: ChatRequest, context: Context) -> Plan:
+        times = int(_arg(request, default_times))
+        attempt = context.attempt(request)
+        if attempt > times:
+            return base(request, context)
+        if status == 429:
+            wait = request.retry_after
+            return error_plan(429, f"Rate limit reached (fanout mock: attempt {attempt} of "
+                              f"{times} refused). Please retry after {wait:g} s.",
+                              "rate_limit_error", code="rate_limit_exceeded",
+                              headers=(("retry-after", str(max(0, round(wait)))),
+                                       ("retry-after-ms", str(int(wait * 1000)))))
+        return error_plan(status, f"The server had an error (fanout mock: attempt {attempt} of "
+                          f"{times}).", "server_error")
+    return plan
+
+
+def _empty_200(request: ChatRequest, context: Context) -> Plan:
+    if not request.stream:
+        return Plan(200, (("content-type", "application/json"),), b"")
+    return Plan(200, SSE_HEADERS, steps=())
+
+
+# ---------------------------------------------------------------- replay
+
+def plan_replay(request: ChatRequest, context: Context, name: str) -> Plan | None:
+    """``replay/<name>[:xSCALE]``: the capture's status, headers, body and read timing."""
+    capture = context.capture(name)
+    if capture is None:
+        return None
+    scale = 1.0
+    if request.args and request.args[0].startswith("x"):
+        try:
+            scale = float(request.args[0][1:])
+        except ValueError:
+            scale = 1.0
+    headers = tuple((k, v) for k, v in capture.headers
+                    if k.lower() in ("content-type", "x-request-id", "retry-after"))
+
+    def steps() -> Iterator[Step]:
+        previous = next((t for t, n in capture.reads if n == 0), 0.0)
+        for at_ms, piece in capture.pieces():
+            if scale and at_ms > previous:
+                yield Pause((at_ms - previous) / 1000 * scale)
+            previous = max(previous, at_ms)
+            yield Send(piece)
+
+    return Plan(capture.status, headers, steps=steps(), fragment=request.fragment or "event",
+                cadence_zero=scale == 0)
+
+
+# ---------------------------------------------------------------- registry
+
+MODELS: dict[str, ModelSpec] = {spec.id: spec for spec in [
+    ModelSpec("mock/fast", "text as fast as the socket takes it", _scripted("text")),
+    ModelSpec("mock/slow", "text at 20-60 ms a token", _scripted("text", (0.02, 0.06))),
+    ModelSpec("mock/echo", "repeats the last user message", _scripted("echo")),
+    ModelSpec("mock/reasoning", "reasoning deltas first, then the answer",
+              _scripted("reasoning")),
+    ModelSpec("mock/tools", "two parallel tool calls, argument fragments interleaved",
+              _scripted("tools")),
+    ModelSpec("mock/length", "stops at max_tokens (default 16): finish_reason length",
+              _scripted("length")),
+    ModelSpec("fault/truncate", "connection closed mid-event after N chunks (:N, default 5)",
+              _fault(_truncate)),
+    ModelSpec("fault/no-done", "clean close after finish_reason, no [DONE]", _fault(_no_done)),
+    ModelSpec("fault/drop-chunked", "socket closed in the middle of an HTTP chunk (:N)",
+              _fault(_drop_chunked)),
+    ModelSpec("fault/stall", "stops sending after N chunks, socket kept open (:N)",
+              _fault(_stall)),
+    ModelSpec("fault/heartbeat-stall", "only `: ping` comments after N chunks (:N)",
+              _fault(_heartbeat_stall)),
+    ModelSpec("fault/slow-first-token", "the first content after a delay (:SECONDS, default 2)",
+              _fault(_slow_first_token)),
+    ModelSpec("fault/garbage", "a malformed JSON frame after every 4th good one",
+              _fault(_garbage)),
+    ModelSpec("fault/huge-event", "one event of :BYTES (default 16 MiB), sent slowly",
+              _fault(_huge_event)),
+    ModelSpec("fault/bad-utf8", "invalid UTF-8 bytes inside a content delta", _fault(_bad_utf8)),
+    ModelSpec("fault/error-event", "an in-stream error after some text: data: {\"error\"} "
+              "(:typed for event: error)", _fault(_error_event)),
+    ModelSpec("fault/429", "429 with Retry-After for the first K requests (:K, default 2)",
+              _fails_first(429, 2)),
+    ModelSpec("fault/500-then-ok", "500 for the first K requests (:K, default 1)",
+              _fails_first(500, 1)),
+    ModelSpec("fault/empty-200", "200 and an empty body", _empty_200),
+]}
+
+
+def plan_chat(request: ChatRequest, context: Context) -> Plan:
+    """The plan for a chat-completions request, or a 404 for an unknown model."""
+    spec = MODELS.get(request.name)
+    if spec is not None:
+        return spec.plan(request, context)
+    if request.name.startswith("replay/"):
+        plan = plan_replay(request, context, request.name.removeprefix("replay/"))
+        if plan is not None:
+            return plan
+    return error_plan(404, f"The model '{request.model}' does not exist. "
+                      "GET /v1/models lists the models of this upstream.",
+                      "invalid_request_error", param="model", code="model_not_found")
