@@ -76,13 +76,29 @@ def _mock(args: argparse.Namespace) -> int:
 
     try:
         trio.run(run)
-    except KeyboardInterrupt:
-        return 0
-    except OSError as exc:
-        print(f"fanout mock: cannot listen on {args.host}:{args.port}: {exc.strerror}",
-              file=sys.stderr)
-        return 1
+    except BaseException as exc:
+        if _only(exc, KeyboardInterrupt):
+            return 0  # Ctrl-C is how a server is stopped
+        error = _only(exc, OSError)
+        if isinstance(error, OSError):
+            print(f"fanout mock: cannot listen on {args.host}:{args.port}: "
+                  f"{error.strerror or error}", file=sys.stderr)
+            return 1
+        raise
     return 0
+
+
+def _only(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """``exc`` (or the first leaf of the group) if it, or its whole group, is ``kind``."""
+    if isinstance(exc, BaseExceptionGroup):
+        matched, rest = exc.split(kind)
+        if rest is not None or matched is None:
+            return None
+        leaf: BaseException = matched
+        while isinstance(leaf, BaseExceptionGroup):
+            leaf = leaf.exceptions[0]
+        return leaf
+    return exc if isinstance(exc, kind) else None
 
 
 async def _stop_on_sigterm(scope: trio.CancelScope) -> None:

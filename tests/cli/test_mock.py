@@ -1,0 +1,75 @@
+"""`fanout mock` as a user runs it: a subprocess on loopback."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from fanout import Outcome, parse_stream
+from fanout.upstream import MODELS
+
+COMMAND = [sys.executable, "-m", "fanout.cli.main", "mock"]
+
+
+@pytest.fixture
+def mock_process() -> Iterator[tuple[subprocess.Popen[str], str]]:
+    process = subprocess.Popen([*COMMAND, "--port", "0", "--key", "sk-cli-test"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        base_url = process.stdout.readline().strip()
+        yield process, base_url
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.communicate(timeout=10)
+
+
+def test_mock_prints_its_url_and_streams(mock_process: tuple[subprocess.Popen[str], str]) -> None:
+    _, base_url = mock_process
+    assert base_url.startswith("http://127.0.0.1:") and base_url.endswith("/v1")
+    with httpx.Client(base_url=base_url, timeout=10) as http:
+        response = http.post("/chat/completions", headers={"authorization": "Bearer sk-cli-test"},
+                             json={"model": "mock/fast", "stream": True,
+                                   "messages": [{"role": "user", "content": "hi"}]})
+        refused = http.get("/models")
+    assert parse_stream([response.content]).outcome is Outcome.COMPLETED
+    assert refused.status_code == 401
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_mock_stops_cleanly(mock_process: tuple[subprocess.Popen[str], str],
+                            signum: signal.Signals) -> None:
+    process, _ = mock_process
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=10)
+    assert process.returncode == 0
+    assert "Traceback" not in stderr
+    assert "sk-cli-test" not in stderr  # the key is never printed
+
+
+def test_mock_list_names_every_model() -> None:
+    out = subprocess.run([*COMMAND, "--list"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0
+    listed = {line.split()[0] for line in out.stdout.splitlines()}
+    assert set(MODELS) | {"replay/<capture>"} == listed
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--fragment", "chunky"], "fanout mock: --fragment: unknown fragment mode 'chunky'"),
+        (["--cadence", "-1"], "fanout mock: --cadence: -1.0 is negative"),
+        (["--captures", "/no/such/dir"], "fanout mock: --captures: /no/such/dir is not a directory"),
+    ],
+)
+def test_bad_options_get_one_line_errors(arguments: list[str], message: str) -> None:
+    out = subprocess.run([*COMMAND, *arguments], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2
+    assert out.stderr.startswith(message)
+    assert out.stderr.count("\n") == 1  # one line
