@@ -2,15 +2,15 @@
 
 Modes (``X-Fanout-Fragment`` header, ``@mode`` model suffix, or server-wide):
 
-- ``whole``: what is ready is written together (up to 64 KiB), as a fast
-  server's socket buffer would;
+- ``whole`` (also ``auto``, the default): what is due is written together
+  (up to 64 KiB), as a server's socket buffer would: at cadence 0 a whole
+  response in one write, at a cadence one write per event while the server
+  keeps up, several events a write when it falls behind;
 - ``event``: one write per event;
 - ``random:SEED``: every event cut at 1-3 random points, reproducibly;
 - ``byte``: one byte per write;
 - ``evil``: line ends sent as CRLF, every CRLF split between its CR and LF
-  and every multibyte character split after its first byte;
-- ``auto`` (the default): ``whole`` when there is no pause between chunks,
-  else ``event``.
+  and every multibyte character split after its first byte.
 """
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ COALESCE_LIMIT = 64 * 1024
 class Fragmenter:
     """Cuts one response's ``Send`` steps into writes."""
 
-    def __init__(self, mode: str, *, cadence_zero: bool = True) -> None:
+    def __init__(self, mode: str) -> None:
         name, _, seed = mode.partition(":")
         if name not in MODES:
             raise ValueError(f"unknown fragment mode {mode!r}; one of: {', '.join(MODES)}")
         if name == "auto":
-            name = "whole" if cadence_zero else "event"
+            name = "whole"
         self.mode = name
         self.coalesce = name == "whole"
         self._rng = random.Random(seed or "0") if name == "random" else None

@@ -254,10 +254,8 @@ def _scripted(kind: str, cadence: float | tuple[float, float] = 0.0
         if not request.stream:
             return _completion(request, answers)
         pauses = _pauses(request, context, cadence)
-        zero = request.cadence == 0 or (request.cadence is None and (
-            context.cadence == 0 or (context.cadence is None and cadence == 0)))
         return Plan(200, SSE_HEADERS, steps=_stream(request, answers, pauses),
-                    fragment=request.fragment, cadence_zero=zero)
+                    fragment=request.fragment)
     return plan
 
 
@@ -433,8 +431,7 @@ def plan_replay(request: ChatRequest, context: Context, name: str) -> Plan | Non
             previous = max(previous, at_ms)
             yield Send(piece)
 
-    return Plan(capture.status, headers, steps=steps(), fragment=request.fragment or "event",
-                cadence_zero=scale == 0)
+    return Plan(capture.status, headers, steps=steps(), fragment=request.fragment or "event")
 
 
 # ---------------------------------------------------------------- registry

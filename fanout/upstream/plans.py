@@ -74,7 +74,6 @@ class Plan:
     body: bytes = b""
     steps: Iterable[Step] | None = None
     fragment: str | None = None  # the request's choice, else the server's
-    cadence_zero: bool = True  # no pauses between chunks: "auto" fragmenting coalesces
 
 
 class RequestError(Exception):

@@ -129,7 +129,12 @@ class _Upstream:
                 + connection.send(h11.EndOfMessage())
             )
             return True
-        fragmenter = Fragmenter(plan.fragment or self.fragment, cadence_zero=plan.cadence_zero)
+        fragmenter = Fragmenter(plan.fragment or self.fragment)
+        # Pauses are kept against a schedule, not slept one after another: a
+        # stream that fell behind (a loaded server) does not sleep, and in the
+        # coalescing mode it sends what is due in one write, as a real server's
+        # socket buffer would.  So the rate holds and no delay accumulates.
+        due = trio.current_time()
         await stream.send_all(connection.send(h11.Response(status_code=plan.status,
                                                            headers=headers)) or b"")
         held: list[bytes] = []  # coalesced body bytes, sent as one HTTP chunk
@@ -149,11 +154,15 @@ class _Upstream:
                     if len(pieces) > 1:
                         await trio.sleep(0)  # let the peer read: separate writes, separate reads
                 continue
+            if isinstance(step, Pause):
+                due += step.seconds
+                if due <= trio.current_time():
+                    continue  # behind schedule: no sleep, keep coalescing
             if held:
                 await stream.send_all(connection.send(h11.Data(data=b"".join(held))) or b"")
                 held, held_size = [], 0
             if isinstance(step, Pause):
-                await trio.sleep(step.seconds)
+                await trio.sleep_until(due)
             elif isinstance(step, Hang):
                 while await stream.receive_some(65536):
                     pass  # until the client closes

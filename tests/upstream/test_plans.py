@@ -105,7 +105,6 @@ def test_mock_slow_pauses_20_to_60_ms_per_token() -> None:
     assert p.steps is not None
     pauses = [s.seconds for s in p.steps if isinstance(s, Pause)]
     assert len(pauses) > 10 and all(0.02 <= s <= 0.06 for s in pauses)
-    assert not p.cadence_zero
 
 
 def test_cadence_request_header_beats_server_and_model() -> None:
@@ -183,9 +182,8 @@ def test_evil_splits_crlf_and_every_multibyte_character() -> None:
         [p.decode("utf-8", "strict") for p in pieces]  # some character was cut
 
 
-def test_auto_fragment_coalesces_only_at_cadence_zero() -> None:
-    assert Fragmenter("auto", cadence_zero=True).mode == "whole"
-    assert Fragmenter("auto", cadence_zero=False).mode == "event"
+def test_auto_fragment_coalesces() -> None:
+    assert Fragmenter("auto").coalesce and not Fragmenter("event").coalesce
     with pytest.raises(ValueError, match="unknown fragment mode 'chunky'"):
         Fragmenter("chunky")
 
