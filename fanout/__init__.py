@@ -16,37 +16,56 @@ from .core.events import ChoiceRole as ChoiceRole
 from .core.events import CoreEvent as CoreEvent
 from .core.events import DoneReceived as DoneReceived
 from .core.events import ErrorReported as ErrorReported
+from .core.events import Event as Event
 from .core.events import FrameSkipped as FrameSkipped
 from .core.events import ReasoningDelta as ReasoningDelta
 from .core.events import RefusalDelta as RefusalDelta
 from .core.events import ResponseInfo as ResponseInfo
+from .core.events import StreamFinished as StreamFinished
+from .core.events import StreamRetrying as StreamRetrying
+from .core.events import StreamStarted as StreamStarted
 from .core.events import TextDelta as TextDelta
 from .core.events import ToolCallDelta as ToolCallDelta
 from .core.events import UsageReported as UsageReported
 from .core.parser import StreamParser as StreamParser
 from .core.parser import parse_stream as parse_stream
+from .core.result import Attempt as Attempt
 from .core.result import ChoiceResult as ChoiceResult
 from .core.result import Outcome as Outcome
 from .core.result import StreamError as StreamError
 from .core.result import StreamResult as StreamResult
+from .core.result import Timings as Timings
 from .core.result import ToolCall as ToolCall
 from .core.result import Usage as Usage
 from .core.sse import ServerSentEvent as ServerSentEvent
 from .core.sse import SSEDecoder as SSEDecoder
+from .fanout import Fanout as Fanout
+from .fanout import open_fanout as open_fanout
+from .fanout import run_fanout as run_fanout
+from .net.transport import make_client as make_client
+from .request import Deadlines as Deadlines
+from .request import Endpoint as Endpoint
+from .request import RetryPolicy as RetryPolicy
+from .request import StreamRequest as StreamRequest
 
 __version__ = "0.1.0.dev0"
 
 __all__ = [
     "CONTENT_EVENTS",
     "Accumulator",
+    "Attempt",
     "ChatChunkInterpreter",
     "ChoiceFinished",
     "ChoiceResult",
     "ChoiceRole",
     "CoreEvent",
+    "Deadlines",
     "DoneReceived",
+    "Endpoint",
     "ErrorReported",
+    "Event",
     "EventTooLarge",
+    "Fanout",
     "FanoutError",
     "FrameSkipped",
     "MalformedFrame",
@@ -56,15 +75,24 @@ __all__ = [
     "RefusalDelta",
     "ResponseInfo",
     "ResponseTooLarge",
+    "RetryPolicy",
     "SSEDecoder",
     "ServerSentEvent",
     "StreamError",
+    "StreamFinished",
     "StreamParser",
+    "StreamRequest",
     "StreamResult",
+    "StreamRetrying",
+    "StreamStarted",
     "TextDelta",
+    "Timings",
     "ToolCall",
     "ToolCallDelta",
     "Usage",
     "UsageReported",
+    "make_client",
+    "open_fanout",
     "parse_stream",
+    "run_fanout",
 ]

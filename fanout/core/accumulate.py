@@ -34,7 +34,16 @@ from .events import (
     ToolCallDelta,
     UsageReported,
 )
-from .result import ChoiceResult, Outcome, StreamError, StreamResult, ToolCall, Usage
+from .result import (
+    Attempt,
+    ChoiceResult,
+    Outcome,
+    StreamError,
+    StreamResult,
+    Timings,
+    ToolCall,
+    Usage,
+)
 
 __all__ = ["Accumulator"]
 
@@ -253,6 +262,9 @@ class Accumulator:
         comments: int = 0,
         bytes_received: int = 0,
         ignored_after_done: int = 0,
+        timed_out: str | None = None,
+        attempts: tuple[Attempt, ...] = (),
+        timings: Timings | None = None,
     ) -> StreamResult:
         """Build the result.  ``outcome`` overrides the one derived from the events
         (the I/O layer passes ``timed_out`` or ``cancelled``); the other keywords
@@ -279,6 +291,9 @@ class Accumulator:
             ignored_after_done=ignored_after_done,
             stream=self.stream,
             content_key=self.content_key,
+            timed_out=timed_out,
+            attempts=attempts,
+            timings=timings,
         )
 
     def _finish_call(self, state: _ToolCallState) -> ToolCall:

@@ -41,7 +41,12 @@ from .events import (
 from .result import StreamError, Usage
 from .sse import ServerSentEvent
 
-__all__ = ["ChatChunkInterpreter", "error_from_payload", "error_from_response"]
+__all__ = [
+    "ChatChunkInterpreter",
+    "completion_events",
+    "error_from_payload",
+    "error_from_response",
+]
 
 _EXCERPT = 200
 
@@ -212,6 +217,44 @@ class ChatChunkInterpreter:
         if self.strict:
             raise MalformedFrame(reason, data)
         out.append(FrameSkipped(reason, data[:_EXCERPT], self._stream, self._content_key))
+
+
+def completion_events(payload: Any, stream: str = "", content_key: str = "") -> list[CoreEvent]:
+    """The events a non-streaming ``chat.completion`` body stands for.
+
+    A relay may answer a streaming request with one JSON completion; its
+    ``message`` becomes one delta per field, then its finish reason, usage,
+    and ``DoneReceived`` (the answer is whole).  An ``error`` body becomes an
+    error; anything else a ``FrameSkipped`` and no ``DoneReceived``.
+    """
+    out: list[CoreEvent] = []
+    if not isinstance(payload, dict) or not isinstance(payload.get("choices"), list):
+        if isinstance(payload, dict) and payload.get("error") is not None:
+            return [ErrorReported(error_from_payload(payload), stream, content_key)]
+        text = payload if isinstance(payload, str) else _compact(payload)
+        return [FrameSkipped("the body is neither a stream nor a chat completion",
+                             text[:_EXCERPT], stream, content_key)]
+    out.append(ResponseInfo(_str_or_none(payload.get("id")), _str_or_none(payload.get("model")),
+                            _str_or_none(payload.get("system_fingerprint")), stream, content_key))
+    chunk_choices = []
+    for choice in payload["choices"]:
+        if not isinstance(choice, dict):
+            continue
+        message = choice.get("message")
+        delta: dict[str, Any] = dict(message) if isinstance(message, dict) else {}
+        calls = delta.get("tool_calls")
+        if isinstance(calls, list):
+            delta["tool_calls"] = [{**c, "index": i} for i, c in enumerate(calls)
+                                   if isinstance(c, dict)]
+        chunk_choices.append({"index": choice.get("index", 0), "delta": delta,
+                              "finish_reason": choice.get("finish_reason")})
+    interpreter = ChatChunkInterpreter(stream=stream, content_key=content_key)
+    interpreter._meta = (payload.get("id"), payload.get("model"), payload.get("system_fingerprint"))
+    chunk = {"choices": chunk_choices, "usage": payload.get("usage"), "id": payload.get("id"),
+             "model": payload.get("model"), "system_fingerprint": payload.get("system_fingerprint")}
+    interpreter.interpret_into(ServerSentEvent(json.dumps(chunk)), out)
+    out.append(DoneReceived(stream, content_key))
+    return out
 
 
 def error_from_payload(payload: Any, status: int | None = None) -> StreamError:

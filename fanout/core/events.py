@@ -9,11 +9,12 @@ ones that count for time-to-first-token; ``CONTENT_EVENTS`` lists them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TypeAlias
 
 import attrs
 
-from .result import StreamError, Usage
+from .result import StreamError, StreamResult, Usage
 
 __all__ = [
     "CONTENT_EVENTS",
@@ -22,10 +23,14 @@ __all__ = [
     "CoreEvent",
     "DoneReceived",
     "ErrorReported",
+    "Event",
     "FrameSkipped",
     "ReasoningDelta",
     "RefusalDelta",
     "ResponseInfo",
+    "StreamFinished",
+    "StreamRetrying",
+    "StreamStarted",
     "TextDelta",
     "ToolCallDelta",
     "UsageReported",
@@ -151,6 +156,45 @@ class DoneReceived:
     content_key: str = ""
 
 
+@attrs.frozen(slots=True)
+class StreamStarted:
+    """An HTTP attempt got its response headers (one per attempt).
+
+    ``headers`` keeps the response headers of interest (content type, request
+    ids, rate-limit and retry headers), lower-cased.
+    """
+
+    attempt: int
+    status: int
+    headers: Mapping[str, str] = attrs.field(factory=dict)
+    stream: str = ""
+    content_key: str = ""
+
+
+@attrs.frozen(slots=True)
+class StreamRetrying:
+    """An attempt failed before any content; the next one starts after ``wait`` seconds.
+
+    A consumer should drop any partial output it showed for this stream
+    (there is none by construction: retries happen only before content).
+    """
+
+    attempt: int
+    wait: float
+    error: StreamError
+    stream: str = ""
+    content_key: str = ""
+
+
+@attrs.frozen(slots=True)
+class StreamFinished:
+    """The stream's last event, exactly one per stream, whatever happened."""
+
+    result: StreamResult
+    stream: str = ""
+    content_key: str = ""
+
+
 CoreEvent: TypeAlias = (
     ResponseInfo
     | ChoiceRole
@@ -172,3 +216,6 @@ CONTENT_EVENTS: tuple[type[CoreEvent], ...] = (
     RefusalDelta,
     ToolCallDelta,
 )
+
+Event: TypeAlias = CoreEvent | StreamStarted | StreamRetrying | StreamFinished
+"""Any event a fan-out delivers."""

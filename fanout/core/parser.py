@@ -11,10 +11,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, final
 
 from .._exceptions import EventTooLarge, MalformedFrame, ProtocolError, ResponseTooLarge
+from . import _json
 from .accumulate import Accumulator
-from .chat import ChatChunkInterpreter, error_from_response
-from .events import CoreEvent, ErrorReported
-from .result import Outcome, StreamError, StreamResult
+from .chat import ChatChunkInterpreter, completion_events, error_from_response
+from .events import CoreEvent, DoneReceived, ErrorReported
+from .result import Attempt, Outcome, StreamError, StreamResult, Timings
 from .sse import DEFAULT_MAX_EVENT_SIZE, ServerSentEvent, SSEDecoder
 
 __all__ = ["StreamParser", "parse_stream"]
@@ -133,11 +134,43 @@ class StreamParser:
         self.status = status
         return self.fail(error_from_response(status, body, reason))
 
-    def result(self, outcome: Outcome | None = None) -> StreamResult:
-        """The result so far.  ``outcome`` overrides the derived one (``timed_out``,
-        ``cancelled``: only the I/O layer knows those)."""
+    def feed_completion(self, body: bytes) -> list[CoreEvent]:
+        """Parse a whole non-streaming ``chat.completion`` body (a relay that
+        answered a streaming request with plain JSON)."""
+        if self._stopped:
+            return []
+        self._decoder.bytes_fed += len(body)
+        text = body.decode("utf-8", "replace")
+        try:
+            payload = _json.loads(text)
+        except (ValueError, RecursionError):
+            try:
+                payload = _json.loads_stdlib(text)
+            except (ValueError, RecursionError):
+                payload = text
+        events = completion_events(payload, self._accumulator.stream,
+                                   self._accumulator.content_key)
+        if any(isinstance(e, DoneReceived) for e in events):
+            self._interpreter.done = True
+        self._accumulator.extend(events)
+        self._closed = True
+        return events
+
+    def result(
+        self,
+        outcome: Outcome | None = None,
+        *,
+        timed_out: str | None = None,
+        attempts: tuple[Attempt, ...] = (),
+        timings: Timings | None = None,
+    ) -> StreamResult:
+        """The result so far.  ``outcome`` overrides the derived one; ``timed_out``,
+        ``attempts`` and ``timings`` are what only the I/O layer knows."""
         decoder = self._decoder
         return self._accumulator.result(
+            timed_out=timed_out,
+            attempts=attempts,
+            timings=timings,
             outcome=outcome,
             status=self.status,
             pending_event=decoder.unterminated,

@@ -13,7 +13,16 @@ from typing import Any
 
 import attrs
 
-__all__ = ["ChoiceResult", "Outcome", "StreamError", "StreamResult", "ToolCall", "Usage"]
+__all__ = [
+    "Attempt",
+    "ChoiceResult",
+    "Outcome",
+    "StreamError",
+    "StreamResult",
+    "Timings",
+    "ToolCall",
+    "Usage",
+]
 
 
 class Outcome(enum.StrEnum):
@@ -102,6 +111,47 @@ class ChoiceResult:
 
 
 @attrs.frozen(slots=True)
+class Attempt:
+    """One HTTP attempt of a stream.  ``waited`` is the backoff slept before it."""
+
+    number: int
+    status: int | None = None
+    error: StreamError | None = None
+    waited: float = 0.0
+    delivered_content: bool = False
+
+
+@attrs.frozen(slots=True)
+class Timings:
+    """Where the time went, in seconds on a monotonic clock.
+
+    ``queued`` is the time spent waiting for a concurrency slot.  The other
+    points are measured from the moment the stream got its slot (so queueing
+    never counts in time-to-first-token), ``None`` when they never happened;
+    they describe the last attempt.  ``gap_*`` are statistics of the gaps
+    between events (keep-alive comments are not events).
+    """
+
+    queued: float = 0.0
+    request_sent: float | None = None
+    headers: float | None = None
+    first_byte: float | None = None
+    first_content: float | None = None
+    last_event: float | None = None
+    end: float | None = None
+    gap_max: float | None = None
+    gap_p50: float | None = None
+    gap_p95: float | None = None
+
+    @property
+    def ttft(self) -> float | None:
+        """Time to first content, from the request being sent."""
+        if self.first_content is None or self.request_sent is None:
+            return None
+        return self.first_content - self.request_sent
+
+
+@attrs.frozen(slots=True)
 class StreamResult:
     """Everything one stream produced, whatever its outcome.
 
@@ -114,6 +164,11 @@ class StreamResult:
     malformed frames skipped (``skip_reasons`` keeps the first few reasons),
     ``comments`` keep-alive comment lines, ``bytes_received`` body bytes,
     ``ignored_after_done`` events that followed ``[DONE]``.
+
+    Set by the I/O layer: ``timed_out`` names the deadline that fired
+    (``connect``, ``first_byte``, ``first_token``, ``idle``, ``total`` or
+    ``fanout``), ``attempts`` records every HTTP attempt, ``timings`` where the
+    time went.
     """
 
     outcome: Outcome
@@ -134,6 +189,9 @@ class StreamResult:
     ignored_after_done: int = 0
     stream: str = ""
     content_key: str = ""
+    timed_out: str | None = None  # which deadline fired, for ``timed_out``
+    attempts: tuple[Attempt, ...] = ()
+    timings: Timings | None = None
 
     @property
     def text(self) -> str:

@@ -1,0 +1,250 @@
+"""Many streams, one endpoint, one key: the fan-out.
+
+``open_fanout`` runs one nursery with one task per stream.  Each task gets
+a clone of the send side of one bounded memory channel and closes it when
+its stream ends, so ``async for event in fan.events`` ends when the last
+stream has ended (and, with ``accept_more=True``, after ``fan.seal()``).
+
+Backpressure is real: a stream whose events are not consumed waits when
+the channel's buffer is full, and so does its HTTP read.  A consumer that
+only wants results uses ``run_fanout``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import asynccontextmanager, suppress
+from typing import final
+
+import httpx
+import trio
+
+from .core.events import Event
+from .core.result import StreamResult
+from .core.sse import DEFAULT_MAX_EVENT_SIZE
+from .net.stream import DEFAULT_RETRY, StreamRunner
+from .net.transport import make_client
+from .request import Deadlines, Endpoint, RetryPolicy, StreamRequest
+
+__all__ = ["Fanout", "open_fanout", "run_fanout"]
+
+DEFAULT_BUFFER = 1024
+
+
+@final
+class Fanout:
+    """A running fan-out (made by ``open_fanout``).
+
+    ``events``: every stream's events, tagged with ``.stream``; each stream's
+    last event is its ``StreamFinished``.  ``results``: key -> ``StreamResult``
+    as streams finish.  ``cancel(key)``, ``submit(request)``, ``seal()``.
+    """
+
+    def __init__(self, nursery: trio.Nursery, endpoint: Endpoint, client: httpx.AsyncClient,
+                 send: trio.MemorySendChannel[Event],
+                 receive: trio.MemoryReceiveChannel[Event], *, options: dict[str, object],
+                 max_concurrency: int | None,
+                 per_model_concurrency: int | Mapping[str, int] | None) -> None:
+        self._nursery = nursery
+        self._endpoint = endpoint
+        self._client = client
+        self._send = send
+        self.events: trio.MemoryReceiveChannel[Event] = receive
+        self.results: dict[str, StreamResult] = {}
+        self._runners: dict[str, StreamRunner] = {}
+        self._options = options
+        self._global = trio.CapacityLimiter(max_concurrency) if max_concurrency else None
+        self._per_model_setting = per_model_concurrency
+        self._per_model: dict[str, trio.CapacityLimiter] = {}
+        self._sealed = False
+
+    @property
+    def running(self) -> set[str]:
+        """The keys of the streams that have not finished."""
+        return {key for key in self._runners if key not in self.results}
+
+    def _limiters(self, model: str) -> list[trio.CapacityLimiter]:
+        limiters = [self._global] if self._global is not None else []
+        setting = self._per_model_setting
+        cap = setting.get(model) if isinstance(setting, Mapping) else setting
+        if cap:
+            if model not in self._per_model:
+                self._per_model[model] = trio.CapacityLimiter(cap)
+            limiters.append(self._per_model[model])
+        return limiters
+
+    def _start(self, request: StreamRequest, barrier: _Barrier | None = None) -> None:
+        if request.key in self._runners:
+            raise ValueError(f"stream key {request.key!r} is already in this fan-out")
+        send = self._send.clone()  # one per producer: the consumer sees the end
+
+        async def emit(event: Event) -> None:
+            with suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await send.send(event)  # else nobody listens any more; results are kept
+
+        runner = StreamRunner(self._client, self._endpoint, request, emit,
+                              **self._options)  # type: ignore[arg-type]
+        self._runners[request.key] = runner
+        self._nursery.start_soon(self._run, runner, send, barrier,
+                                 name=f"fanout stream {request.key}")
+
+    async def _run(self, runner: StreamRunner, send: trio.MemorySendChannel[Event],
+                   barrier: _Barrier | None) -> None:
+        async with send:
+            wait = barrier.wait if barrier is not None else None
+            try:
+                await runner.run(self._limiters(runner.request.model), wait)
+            finally:
+                if runner.result is not None:
+                    self.results[runner.key] = runner.result
+
+    async def submit(self, request: StreamRequest) -> None:
+        """Start another stream (``accept_more=True`` fan-outs, until ``seal()``)."""
+        if self._sealed:
+            raise RuntimeError("this fan-out is sealed: open it with accept_more=True and "
+                               "submit before calling seal()")
+        self._start(request)
+        await trio.lowlevel.checkpoint()
+
+    def seal(self) -> None:
+        """No more submissions: ``events`` ends when the running streams have ended."""
+        if not self._sealed:
+            self._sealed = True
+            self._send.close()
+
+    def cancel(self, key: str) -> bool:
+        """Cancel one stream (it ends ``cancelled``, keeping its output).
+
+        Returns False if it had already finished.  Raises ``KeyError`` for a
+        key this fan-out never had.
+        """
+        runner = self._runners[key]
+        if key in self.results:
+            return False
+        runner.cancel()
+        return True
+
+    def cancel_all(self) -> None:
+        for key in self.running:
+            self._runners[key].cancel()
+
+
+class _Barrier:
+    """Releases everyone once ``parties`` have arrived: side-by-side fairness."""
+
+    def __init__(self, parties: int) -> None:
+        self.parties = parties
+        self.arrived = 0
+        self.event = trio.Event()
+
+    async def wait(self) -> None:
+        self.arrived += 1
+        if self.arrived >= self.parties:
+            self.event.set()
+        await self.event.wait()
+
+
+@asynccontextmanager
+async def open_fanout(
+    endpoint: Endpoint,
+    requests: Iterable[StreamRequest] = (),
+    *,
+    max_concurrency: int | None = None,
+    per_model_concurrency: int | Mapping[str, int] | None = None,
+    deadlines: Deadlines | None = None,
+    deadline: float | None = None,
+    retry: RetryPolicy = DEFAULT_RETRY,
+    buffer: int = DEFAULT_BUFFER,
+    client: httpx.AsyncClient | None = None,
+    strict: bool = False,
+    start_together: bool = False,
+    accept_more: bool = False,
+    max_event_size: int = DEFAULT_MAX_EVENT_SIZE,
+    max_response_bytes: int | None = None,
+    seed: int | None = None,
+) -> AsyncIterator[Fanout]:
+    """Stream every request at once through ``endpoint``; yield the running ``Fanout``.
+
+    ``max_concurrency`` caps streams in flight, ``per_model_concurrency`` caps
+    them per model (one number, or a mapping model -> cap).  ``deadlines`` are
+    the default per-stream deadlines (a request's own win); ``deadline`` is
+    for the whole fan-out, in seconds.  ``retry`` says when an attempt is
+    tried again.  ``buffer`` bounds the event channel.  ``client``: your own
+    ``httpx.AsyncClient`` (fanout builds one sized to the concurrency
+    otherwise, and closes it).  ``start_together``: the initial requests send
+    their HTTP requests at the same moment (they must all fit in the caps).
+    ``accept_more``: ``fan.submit()`` adds streams until ``fan.seal()``.
+
+    Leaving the block cancels every stream still running; each still ends
+    with its ``StreamFinished`` and its result in ``fan.results``.
+    """
+    initial = list(requests)
+    if buffer < 0:
+        raise ValueError(f"buffer must be >= 0, not {buffer}")
+    if max_concurrency is not None and max_concurrency < 1:
+        raise ValueError(f"max_concurrency must be >= 1, not {max_concurrency}")
+    if deadline is not None and not deadline > 0:
+        raise ValueError(f"deadline must be a positive number of seconds, not {deadline!r}")
+    if start_together:
+        _check_fits(initial, max_concurrency, per_model_concurrency)
+    own_client = client is None
+    if client is None:
+        client = make_client(max_concurrency or min(max(len(initial), 100), 10_000))
+    send, receive = trio.open_memory_channel[Event](buffer)
+    options: dict[str, object] = {
+        "deadlines": deadlines, "retry": retry, "strict": strict,
+        "max_event_size": max_event_size, "max_response_bytes": max_response_bytes,
+        "fanout_deadline": trio.current_time() + deadline if deadline else math.inf,
+        "rng": random.Random(seed),
+    }
+    try:
+        async with trio.open_nursery() as nursery:
+            fan = Fanout(nursery, endpoint, client, send, receive, options=options,
+                         max_concurrency=max_concurrency,
+                         per_model_concurrency=per_model_concurrency)
+            barrier = _Barrier(len(initial)) if start_together and initial else None
+            for request in initial:
+                fan._start(request, barrier)
+            if not accept_more:
+                fan.seal()
+            try:
+                yield fan
+            finally:
+                fan.cancel_all()
+                fan.seal()
+                # Close our end first: a final event sent to nobody must not block.
+                await receive.aclose()
+    finally:
+        if own_client:
+            with trio.CancelScope(shield=True):
+                await client.aclose()
+
+
+def _check_fits(requests: list[StreamRequest], max_concurrency: int | None,
+                per_model: int | Mapping[str, int] | None) -> None:
+    if max_concurrency is not None and len(requests) > max_concurrency:
+        raise ValueError(f"start_together: {len(requests)} requests do not fit in "
+                         f"max_concurrency={max_concurrency}")
+    counts: dict[str, int] = {}
+    for request in requests:
+        counts[request.model] = counts.get(request.model, 0) + 1
+    for model, count in counts.items():
+        cap = per_model.get(model) if isinstance(per_model, Mapping) else per_model
+        if cap is not None and count > cap:
+            raise ValueError(f"start_together: {count} requests for {model!r} do not fit in "
+                             f"its concurrency cap of {cap}")
+
+
+async def run_fanout(endpoint: Endpoint, requests: Iterable[StreamRequest],
+                     **options: object) -> dict[str, StreamResult]:
+    """Run every request to its end; return key -> result in request order.
+
+    Takes the keyword options of ``open_fanout``.
+    """
+    requests = list(requests)
+    async with open_fanout(endpoint, requests, **options) as fan:  # type: ignore[arg-type]
+        async for _ in fan.events:
+            pass
+    return {request.key: fan.results[request.key] for request in requests}

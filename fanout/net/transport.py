@@ -1,0 +1,75 @@
+"""The HTTP client fanout builds for many concurrent streams.
+
+Measured on this stack (see DESIGN.md section 5): httpx's default
+``Timeout(5.0)`` kills slow first tokens and has no total; its default
+limits time out at 500 streams; keep-alive below the maximum closes
+connections instead of reusing them; and one httpcore pool costs CPU
+quadratic in its connections.  So: ``Timeout(connect, read=None, write,
+pool=None)`` with trio scopes for the rest, limits sized to the
+concurrency, and above ``SHARD_SIZE`` connections several small pools
+behind a transport that spreads requests over them, sharing one SSL context.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import ssl
+from collections.abc import Sequence
+
+import httpx
+
+__all__ = ["SHARD_SIZE", "ShardedTransport", "make_client"]
+
+SHARD_SIZE = 100
+
+
+class ShardedTransport(httpx.AsyncBaseTransport):
+    """Spreads requests round-robin over several transports (each its own pool)."""
+
+    def __init__(self, transports: Sequence[httpx.AsyncBaseTransport]) -> None:
+        if not transports:
+            raise ValueError("ShardedTransport needs at least one transport")
+        self.transports = list(transports)
+        self._next = itertools.cycle(self.transports)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return await next(self._next).handle_async_request(request)
+
+    async def aclose(self) -> None:
+        for transport in self.transports:
+            await transport.aclose()
+
+
+def make_client(
+    max_connections: int = SHARD_SIZE,
+    *,
+    connect_timeout: float | None = 10.0,
+    write_timeout: float | None = 30.0,
+    http2: bool = False,
+    verify: ssl.SSLContext | bool = True,
+) -> httpx.AsyncClient:
+    """An ``httpx.AsyncClient`` for ``max_connections`` concurrent streams.
+
+    No read or pool timeout (fanout's deadlines are trio cancel scopes), no
+    redirects (the key must go only to the configured URL), no proxies or
+    credentials from the environment.
+    """
+    if max_connections < 1:
+        raise ValueError(f"max_connections must be at least 1, not {max_connections}")
+    context = (httpx.create_ssl_context(verify=verify) if not isinstance(verify, ssl.SSLContext)
+               else verify)  # built once: loading the CA bundle costs ~25 ms a client
+    shards = math.ceil(max_connections / SHARD_SIZE)
+    per_shard = math.ceil(max_connections / shards)
+    limits = httpx.Limits(max_connections=per_shard, max_keepalive_connections=per_shard)
+    transports = [httpx.AsyncHTTPTransport(verify=context, http2=http2, limits=limits,
+                                           trust_env=False) for _ in range(shards)]
+    transport: httpx.AsyncBaseTransport = (
+        transports[0] if shards == 1 else ShardedTransport(transports))
+    return httpx.AsyncClient(
+        transport=transport,
+        timeout=httpx.Timeout(connect=connect_timeout, read=None, write=write_timeout,
+                              pool=None),
+        follow_redirects=False,
+        trust_env=False,
+    )

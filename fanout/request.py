@@ -1,0 +1,194 @@
+"""What a fan-out is asked to do: one endpoint, many stream requests, their deadlines and retries.
+
+Values only (attrs, frozen, validated at construction: a bad argument fails
+there, naming the field).  The API key lives in ``Endpoint`` and nowhere
+else; it is left out of every repr and of ``content_key``.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import hashlib
+import json
+import math
+import random
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+from attrs import validators as v
+
+__all__ = ["Deadlines", "Endpoint", "RetryPolicy", "StreamRequest", "content_key"]
+
+
+def _positive_or_none(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0 or (
+        math.isnan(value)
+    ):
+        raise ValueError(f"{attribute.name} must be a positive number of seconds or None, "
+                         f"not {value!r}")
+
+
+def _nonempty_str(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{attribute.name} must be a non-empty string, not {value!r}")
+
+
+def _messages(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    for index, message in enumerate(value):
+        if not isinstance(message, Mapping):
+            raise ValueError(f"messages[{index}] must be a mapping, not {message!r}")
+
+
+def _base_url(url: object) -> str:
+    return str(url).rstrip("/")
+
+
+@attrs.frozen
+class Endpoint:
+    """One OpenAI-compatible relay: a base URL ending in ``/v1`` and one key.
+
+    ``repr`` never shows the key; neither does anything fanout prints,
+    records or raises.
+    """
+
+    base_url: str = attrs.field(converter=_base_url)
+    api_key: str | None = attrs.field(default=None, repr=False,
+                                      validator=v.optional(v.instance_of(str)))
+    headers: Mapping[str, str] = attrs.field(factory=dict, converter=dict)
+
+    def __attrs_post_init__(self) -> None:
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url must start with http:// or https://, "
+                             f"not {self.base_url!r}")
+        for name in self.headers:
+            if name.lower() == "authorization":
+                raise ValueError("headers must not carry Authorization: pass api_key instead")
+
+    @property
+    def chat_url(self) -> str:
+        return f"{self.base_url}/chat/completions"
+
+    def redact(self, text: str) -> str:
+        """``text`` with the key (if it appears) replaced by ``***``."""
+        if self.api_key and len(self.api_key) >= 4:
+            text = text.replace(self.api_key, "***")
+        return text
+
+
+@attrs.frozen
+class Deadlines:
+    """Per-stream deadlines in seconds; each optional.
+
+    ``connect``: to open the connection.  ``first_byte``: from the request to
+    the first body byte.  ``first_token``: from the request to the first
+    content delta.  ``idle``: the longest gap between events once the response
+    began (keep-alive comments do not count as events: a relay can send them
+    forever while the model is stuck).  ``total``: the whole stream, retries
+    included, from when it got its concurrency slot.
+    """
+
+    connect: float | None = attrs.field(default=None, validator=_positive_or_none)
+    first_byte: float | None = attrs.field(default=None, validator=_positive_or_none)
+    first_token: float | None = attrs.field(default=None, validator=_positive_or_none)
+    idle: float | None = attrs.field(default=None, validator=_positive_or_none)
+    total: float | None = attrs.field(default=None, validator=_positive_or_none)
+
+
+@attrs.frozen
+class RetryPolicy:
+    """When and how a stream is tried again.
+
+    Retried: connect errors and ``statuses``, only before an attempt delivered
+    any content (after that a retry would duplicate text and cost).  The wait
+    is exponential (``initial`` doubling up to ``maximum``) with full jitter,
+    or what ``Retry-After`` / ``retry-after-ms`` said (up to
+    ``max_retry_after``), and never past the stream's ``total`` deadline.
+    ``attempts`` counts the first try: 1 disables retries.
+    """
+
+    attempts: int = attrs.field(default=3, validator=[v.instance_of(int), v.ge(1)])
+    initial: float = attrs.field(default=0.5, validator=v.ge(0))
+    maximum: float = attrs.field(default=8.0, validator=v.ge(0))
+    statuses: frozenset[int] = attrs.field(default=frozenset({429, 500, 502, 503, 504}),
+                                           converter=frozenset)
+    connect_errors: bool = True
+    max_retry_after: float = attrs.field(default=60.0, validator=v.ge(0))
+    jitter: bool = True
+
+    def backoff(self, retry_number: int, rng: random.Random) -> float:
+        """The wait before retry ``retry_number`` (1 for the first retry)."""
+        ceiling = min(self.maximum, self.initial * 2 ** (retry_number - 1))
+        return rng.uniform(0, ceiling) if self.jitter else ceiling
+
+    def retry_after(self, headers: Mapping[str, str]) -> float | None:
+        """What the server asked for, in seconds, capped; ``None`` if it did not say."""
+        milliseconds = headers.get("retry-after-ms")
+        if milliseconds:
+            try:
+                return min(self.max_retry_after, max(0.0, float(milliseconds) / 1000))
+            except ValueError:
+                pass
+        value = headers.get("retry-after")
+        if not value:
+            return None
+        try:
+            return min(self.max_retry_after, max(0.0, float(value)))
+        except ValueError:
+            parsed = email.utils.parsedate_to_datetime(value) if value else None
+            if parsed is None:
+                return None
+            return min(self.max_retry_after, max(0.0, parsed.timestamp() - time.time()))
+
+
+def content_key(base_url: str, model: str, messages: Sequence[Any],
+                params: Mapping[str, Any], tools: Sequence[Any] | None = None) -> str:
+    """A stable hash of what was asked (never of the key): equal requests, equal keys."""
+    blob = json.dumps([base_url, model, messages, params, tools or []], sort_keys=True,
+                      ensure_ascii=False, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+@attrs.frozen
+class StreamRequest:
+    """One stream of a fan-out: a model and a conversation.
+
+    ``key`` is the caller's name for the stream, unique within a fan-out; every
+    event of the stream carries it as ``.stream``.  ``params`` go into the
+    request body as they are (``temperature``, ``max_tokens``, ...).
+    ``deadlines`` override the fan-out's defaults.  ``tools`` are sent and
+    used to validate tool-call arguments.
+    """
+
+    key: str = attrs.field(validator=_nonempty_str)
+    model: str = attrs.field(validator=_nonempty_str)
+    messages: Sequence[Mapping[str, Any]] = attrs.field(converter=tuple, validator=_messages)
+    params: Mapping[str, Any] = attrs.field(factory=dict, converter=dict)
+    deadlines: Deadlines | None = attrs.field(default=None,
+                                              validator=v.optional(v.instance_of(Deadlines)))
+    tools: Sequence[Mapping[str, Any]] | None = attrs.field(
+        default=None, converter=attrs.converters.optional(tuple))
+
+    def __attrs_post_init__(self) -> None:
+        if not self.messages:
+            raise ValueError(f"stream {self.key!r}: messages must not be empty")
+        for reserved in ("model", "messages", "stream", "tools"):
+            if reserved in self.params:
+                raise ValueError(f"stream {self.key!r}: params must not set {reserved!r}; "
+                                 "it is a field of StreamRequest or set by fanout")
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body of the HTTP request."""
+        body: dict[str, Any] = {"model": self.model, "messages": list(self.messages),
+                                "stream": True, "stream_options": {"include_usage": True}}
+        body.update(self.params)
+        if self.tools:
+            body["tools"] = list(self.tools)
+        return body
+
+    def content_key(self, endpoint: Endpoint) -> str:
+        return content_key(endpoint.base_url, self.model, list(self.messages), self.params,
+                           list(self.tools or ()))
