@@ -21,7 +21,7 @@ WATCHDOG_SECONDS = 20
 async def watchdog(nursery: trio.Nursery) -> None:
     async def bark() -> None:
         await trio.sleep(WATCHDOG_SECONDS)
-        raise TimeoutError(f"an upstream test ran longer than {WATCHDOG_SECONDS} s")
+        raise TimeoutError(f"a loopback test ran longer than {WATCHDOG_SECONDS} s")
 
     nursery.start_soon(bark)
 
