@@ -19,12 +19,17 @@ bench extra: pip install -e '.[bench]'.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# bench/ holds a fanout.py: keep this folder off the path, or `import fanout` finds it.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent.resolve()]
+
 import argparse
 import json
 import random
 import statistics
 import string
-import sys
 import time
 from collections.abc import Callable
 from typing import Any

@@ -19,12 +19,17 @@ bottleneck).  Two measurements:
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# bench/ holds a fanout.py: keep this folder off the path, or `import fanout` finds it.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent.resolve()]
+
 import argparse
 import json
 import os
 import statistics
 import subprocess
-import sys
 import time
 from urllib.parse import urlsplit
 

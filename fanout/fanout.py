@@ -15,12 +15,13 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import AsyncIterator, Iterable, Mapping
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from typing import final
 
 import httpx
 import trio
 
+from ._channel import EventChannel
 from .core.events import Event
 from .core.result import StreamResult
 from .core.sse import DEFAULT_MAX_EVENT_SIZE
@@ -51,7 +52,7 @@ class Fanout:
         self._endpoint = endpoint
         self._client = client
         self._send = send
-        self.events: trio.MemoryReceiveChannel[Event] = receive
+        self.events: EventChannel[Event] = EventChannel(receive)
         self.results: dict[str, StreamResult] = {}
         self._runners: dict[str, StreamRunner] = {}
         self._options = options
@@ -79,12 +80,7 @@ class Fanout:
         if request.key in self._runners:
             raise ValueError(f"stream key {request.key!r} is already in this fan-out")
         send = self._send.clone()  # one per producer: the consumer sees the end
-
-        async def emit(event: Event) -> None:
-            with suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                await send.send(event)  # else nobody listens any more; results are kept
-
-        runner = StreamRunner(self._client, self._endpoint, request, emit,
+        runner = StreamRunner(self._client, self._endpoint, request, send,
                               **self._options)  # type: ignore[arg-type]
         self._runners[request.key] = runner
         self._nursery.start_soon(self._run, runner, send, barrier,
@@ -156,7 +152,7 @@ async def open_fanout(
     deadlines: Deadlines | None = None,
     deadline: float | None = None,
     retry: RetryPolicy = DEFAULT_RETRY,
-    buffer: int = DEFAULT_BUFFER,
+    buffer: int | None = None,
     client: httpx.AsyncClient | None = None,
     strict: bool = False,
     start_together: bool = False,
@@ -171,7 +167,9 @@ async def open_fanout(
     them per model (one number, or a mapping model -> cap).  ``deadlines`` are
     the default per-stream deadlines (a request's own win); ``deadline`` is
     for the whole fan-out, in seconds.  ``retry`` says when an attempt is
-    tried again.  ``buffer`` bounds the event channel.  ``client``: your own
+    tried again.  ``buffer`` bounds the event channel (default: 4 events a
+    stream in flight, at least 1,024: a bounded buffer, so a consumer that
+    stops reading stops the streams).  ``client``: your own
     ``httpx.AsyncClient`` (fanout builds one sized to the concurrency
     otherwise, and closes it).  ``start_together``: the initial requests send
     their HTTP requests at the same moment (they must all fit in the caps).
@@ -181,6 +179,8 @@ async def open_fanout(
     with its ``StreamFinished`` and its result in ``fan.results``.
     """
     initial = list(requests)
+    if buffer is None:
+        buffer = max(DEFAULT_BUFFER, 4 * (max_concurrency or len(initial)))
     if buffer < 0:
         raise ValueError(f"buffer must be >= 0, not {buffer}")
     if max_concurrency is not None and max_concurrency < 1:
@@ -215,7 +215,7 @@ async def open_fanout(
                 fan.cancel_all()
                 fan.seal()
                 # Close our end first: a final event sent to nobody must not block.
-                await receive.aclose()
+                fan.events.close()
     finally:
         if own_client:
             with trio.CancelScope(shield=True):

@@ -72,7 +72,7 @@ class StreamRunner:
         client: httpx.AsyncClient,
         endpoint: Endpoint,
         request: StreamRequest,
-        emit: Callable[[Event], Awaitable[None]],
+        channel: trio.MemorySendChannel[Event],
         *,
         deadlines: Deadlines | None = None,
         retry: RetryPolicy = DEFAULT_RETRY,
@@ -85,7 +85,8 @@ class StreamRunner:
         self.client = client
         self.endpoint = endpoint
         self.request = request
-        self.emit = emit
+        self.channel = channel
+        self._deaf = False  # the consumer closed its end: events go nowhere, results stay
         self.deadlines = request.deadlines or deadlines or Deadlines()
         self.retry = retry
         self.fanout_deadline = fanout_deadline
@@ -106,6 +107,15 @@ class StreamRunner:
         self._stop_reading = False
         self._parser = self._new_parser()  # the current attempt's: it holds the output
         self._last: _AttemptEnd | None = None
+
+    async def emit(self, event: Event) -> None:
+        """Send one event, waiting for buffer space (backpressure)."""
+        if self._deaf:
+            return
+        try:
+            await self.channel.send(event)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self._deaf = True
 
     def cancel(self) -> None:
         """Cancel the stream: it ends ``cancelled``, keeping what arrived."""
@@ -297,21 +307,40 @@ class StreamRunner:
         end.error = parser.result().error
 
     async def _deliver(self, events: list[Any], end: _AttemptEnd) -> None:
-        """Send events to the consumer, with the attempt's deadlines paused.
+        """Send events to the consumer.
 
-        Waiting here is backpressure (a slow consumer), not a slow upstream:
-        the deadlines are suspended and then shifted by the time spent.  It is
-        shielded, so no cancellation fires inside the read loop's body (that
-        would leave httpx's iterators unfinished); the fan-out closes its
-        receiving end before waiting for its streams, so it cannot hang.
+        The fast path (room in the buffer) never waits, so it is no checkpoint
+        and nothing can be cancelled in the read loop's body.  When the buffer
+        is full, waiting is backpressure (a slow consumer, not a slow
+        upstream): the attempt's deadlines are paused, then shifted by the time
+        spent, and the wait is shielded so no cancellation fires inside the
+        read loop (that would leave httpx's iterators unfinished).  It cannot
+        hang: the fan-out closes its receiving end before waiting for streams.
         """
+        if not end.delivered:
+            for event in events:
+                if type(event) in _CONTENT:
+                    end.delivered = True
+                    self._mark("first_content")
+                    if self._attempt_deadlines.pop("first_token", None) is not None:
+                        self._set_deadlines()
+                    break
+        if self._deaf:
+            return
+        send_nowait = self.channel.send_nowait
+        for index, event in enumerate(events):
+            try:
+                send_nowait(event)
+            except trio.WouldBlock:
+                await self._deliver_waiting(events[index:])
+                return
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self._deaf = True
+                return
+
+    async def _deliver_waiting(self, events: list[Any]) -> None:
         scope = self._attempt_scope
         assert scope is not None
-        for event in events:
-            if not end.delivered and type(event) in _CONTENT:
-                end.delivered = True
-                self._mark("first_content")
-                self._attempt_deadlines.pop("first_token", None)
         scope.deadline = math.inf
         before = trio.current_time()
         with trio.CancelScope(shield=True):
