@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import random
-import statistics
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from typing import Any
@@ -107,6 +106,7 @@ class StreamRunner:
         self._stop_reading = False
         self._parser = self._new_parser()  # the current attempt's: it holds the output
         self._last: _AttemptEnd | None = None
+        self._current = (0, 0.0)  # the attempt under way: its number and the wait before it
 
     async def emit(self, event: Event) -> None:
         """Send one event, waiting for buffer space (backpressure)."""
@@ -153,7 +153,8 @@ class StreamRunner:
                 await self._send_final(result)
             raise
         result = self._finish(attempts, submitted, timed_out, cancelled=self.cancel_requested)
-        await self._send_final(result)
+        with trio.CancelScope(shield=True):  # the one final event is never lost
+            await self._send_final(result)
         return result
 
     # -- attempts ----------------------------------------------------------------
@@ -171,6 +172,7 @@ class StreamRunner:
             number += 1
             self._parser = parser = self._new_parser()
             self._last = end = _AttemptEnd()
+            self._current = (number, waited)
             await self._attempt(number, parser, end)
             attempts.append(Attempt(number, end.status, end.error, waited, end.delivered))
             if not (end.retryable and not end.delivered and number < self.retry.attempts):
@@ -292,7 +294,20 @@ class StreamRunner:
                     self._gaps.append(now - last_event)
                 last_event = now
                 self._points["last_event"] = now - (self._origin or 0.0)
-                await self._deliver(events, end)
+                if end.delivered and not self._deaf:
+                    # The hot path of _deliver, inline: no coroutine per read.
+                    send_nowait = self.channel.send_nowait
+                    for index, event in enumerate(events):
+                        try:
+                            send_nowait(event)
+                        except trio.WouldBlock:
+                            await self._deliver_waiting(events[index:])
+                            break
+                        except (trio.BrokenResourceError, trio.ClosedResourceError):
+                            self._deaf = True
+                            break
+                else:
+                    await self._deliver(events, end)
                 if idle:  # re-armed after delivery: a slow consumer is not an idle upstream
                     self._attempt_deadlines["idle"] = trio.current_time() + idle
                     self._set_deadlines()
@@ -367,6 +382,11 @@ class StreamRunner:
     def _finish(self, attempts: list[Attempt], submitted: float, timed_out: str | None, *,
                 cancelled: bool) -> StreamResult:
         parser = self._parser
+        number, waited = self._current
+        end = self._last
+        if end is not None and (not attempts or attempts[-1].number != number):
+            # Cancelled or timed out during an attempt: it happened, record it.
+            attempts.append(Attempt(number, end.status, end.error, waited, end.delivered))
         if self._origin is not None:
             self._mark("end")
         gaps = sorted(self._gaps)
@@ -379,7 +399,7 @@ class StreamRunner:
             last_event=self._points.get("last_event"),
             end=self._points.get("end"),
             gap_max=gaps[-1] if gaps else None,
-            gap_p50=statistics.median(gaps) if gaps else None,
+            gap_p50=(gaps[(len(gaps) - 1) // 2] + gaps[len(gaps) // 2]) / 2 if gaps else None,
             gap_p95=gaps[min(len(gaps) - 1, math.ceil(0.95 * len(gaps)) - 1)] if gaps else None,
         )
         outcome: Outcome | None = None

@@ -133,6 +133,7 @@ async def test_total_deadline_keeps_partial_text(autojump_clock: MockClock) -> N
     result = results["s"]
     assert (result.outcome, result.timed_out) == (Outcome.TIMED_OUT, "total")
     assert result.text == "t0 t1 t2 t3 t4 "
+    assert len(result.attempts) == 1 and result.attempts[0].status == 200
     assert result.timings is not None and result.timings.end == pytest.approx(5.5)
 
 
@@ -247,6 +248,7 @@ async def test_cancel_one_stream_keeps_its_text_and_spares_the_others(
                 assert fan.cancel("a")
     a, b = fan.results["a"], fan.results["b"]
     assert (a.outcome, a.text) == (Outcome.CANCELLED, "t0 t1 t2 ")
+    assert [(x.number, x.status, x.delivered_content) for x in a.attempts] == [(1, 200, True)]
     assert (b.outcome, len(b.text)) == (Outcome.COMPLETED, 30)
     assert fan.cancel("a") is False
     with pytest.raises(KeyError):
@@ -355,3 +357,20 @@ async def test_slow_consumer_with_deadlines_leaks_nothing(autojump_clock: MockCl
     assert fan.results["b"].timed_out == "total"
     import gc
     gc.collect()
+
+
+async def test_cancel_a_queued_stream(autojump_clock: MockClock) -> None:
+    script = Script([stream(*text_steps(3, 1.0))])
+    async with (script.client() as client,
+                open_fanout(ENDPOINT, [request("a"), request("b")], client=client,
+                            max_concurrency=1) as fan):
+        await trio.sleep(0.5)
+        assert fan.cancel("b")  # still waiting for the slot
+        async for _ in fan.events:
+            pass
+    b = fan.results["b"]
+    assert (b.outcome, b.attempts, b.text) == (Outcome.CANCELLED, (), "")
+    assert b.timings is not None and b.timings.request_sent is None
+    assert b.timings.queued == pytest.approx(0.5)
+    assert fan.results["a"].outcome is Outcome.COMPLETED
+    assert len(script.requests) == 1
