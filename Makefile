@@ -29,6 +29,7 @@ bench: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) bench/parse.py
 	$(PY) bench/upstream.py
+	$(PY) bench/fanout.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis
