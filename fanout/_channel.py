@@ -49,28 +49,6 @@ class EventChannel(trio.abc.ReceiveChannel[T], Generic[T]):
         self._since_yield = 0
         return await self._inner.receive()
 
-    def __aiter__(self) -> EventChannel[T]:
-        return self
-
-    async def __anext__(self) -> T:
-        # receive(), inlined: one coroutine less for every event of `async for`.
-        if self._since_yield < self._schedule_every:
-            await trio.lowlevel.checkpoint_if_cancelled()
-            try:
-                value = self._inner.receive_nowait()
-            except trio.WouldBlock:
-                pass
-            except trio.EndOfChannel:
-                raise StopAsyncIteration from None
-            else:
-                self._since_yield += 1
-                return value
-        self._since_yield = 0
-        try:
-            return await self._inner.receive()
-        except trio.EndOfChannel:
-            raise StopAsyncIteration from None
-
     def receive_nowait(self) -> T:
         """The next event if one is ready, else ``trio.WouldBlock``."""
         return self._inner.receive_nowait()

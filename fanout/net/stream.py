@@ -294,18 +294,10 @@ class StreamRunner:
                     self._gaps.append(now - last_event)
                 last_event = now
                 self._points["last_event"] = now - (self._origin or 0.0)
-                if end.delivered and not self._deaf:
-                    # The hot path of _deliver, inline: no coroutine per read.
-                    send_nowait = self.channel.send_nowait
-                    for index, event in enumerate(events):
-                        try:
-                            send_nowait(event)
-                        except trio.WouldBlock:
-                            await self._deliver_waiting(events[index:])
-                            break
-                        except (trio.BrokenResourceError, trio.ClosedResourceError):
-                            self._deaf = True
-                            break
+                if end.delivered:  # the hot path: no coroutine unless the buffer is full
+                    rest = self._send_ready(events)
+                    if rest:
+                        await self._deliver_waiting(rest)
                 else:
                     await self._deliver(events, end)
                 if idle:  # re-armed after delivery: a slow consumer is not an idle upstream
@@ -340,18 +332,24 @@ class StreamRunner:
                     if self._attempt_deadlines.pop("first_token", None) is not None:
                         self._set_deadlines()
                     break
+        rest = self._send_ready(events)
+        if rest:
+            await self._deliver_waiting(rest)
+
+    def _send_ready(self, events: list[Any]) -> list[Any]:
+        """Send what fits in the buffer without waiting; return what did not fit."""
         if self._deaf:
-            return
+            return []
         send_nowait = self.channel.send_nowait
         for index, event in enumerate(events):
             try:
                 send_nowait(event)
             except trio.WouldBlock:
-                await self._deliver_waiting(events[index:])
-                return
+                return events[index:]
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self._deaf = True
-                return
+                return []
+        return []
 
     async def _deliver_waiting(self, events: list[Any]) -> None:
         scope = self._attempt_scope

@@ -362,10 +362,13 @@ async def test_slow_consumer_with_deadlines_leaks_nothing(autojump_clock: MockCl
 async def test_cancel_a_queued_stream(autojump_clock: MockClock) -> None:
     script = Script([stream(*text_steps(3, 1.0))])
     async with (script.client() as client,
-                open_fanout(ENDPOINT, [request("a"), request("b")], client=client,
-                            max_concurrency=1) as fan):
+                open_fanout(ENDPOINT, client=client, max_concurrency=1, accept_more=True) as fan):
+        await fan.submit(request("a"))
+        await trio.sleep(0.1)  # "a" holds the only slot (trio's task order is random)
+        await fan.submit(request("b"))
         await trio.sleep(0.5)
         assert fan.cancel("b")  # still waiting for the slot
+        fan.seal()
         async for _ in fan.events:
             pass
     b = fan.results["b"]
