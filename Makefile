@@ -14,15 +14,14 @@ $(STAMP): pyproject.toml
 
 ## make test: lint, type-check and run the whole suite.
 test: $(STAMP)
-	$(PY) -m ruff check fanout tests bench
+	$(PY) -m ruff check fanout tests bench examples
 	$(PY) -m mypy fanout
 	$(PY) -m pytest
 
-## make demo: arrives with `fanout compare` (issue 5).
+## make demo: one prompt to four embedded models at once (the live `fanout compare` view
+## arrives with issue 5).  No key, no network.
 demo: $(STAMP)
-	@echo "make demo arrives with 'fanout compare' (issue 5)."
-	@echo "Today fanout is its parsing core: try"
-	@echo "  $(PY) -c 'import fanout; help(fanout.parse_stream)'"
+	$(PY) examples/first_fanout.py
 
 ## make bench: the benchmarks of bench/, each printing its table.
 bench: $(STAMP)
