@@ -45,14 +45,16 @@ class Fanout:
 
     def __init__(self, nursery: trio.Nursery, endpoint: Endpoint, client: httpx.AsyncClient,
                  send: trio.MemorySendChannel[Event],
-                 receive: trio.MemoryReceiveChannel[Event], *, options: dict[str, object],
+                 receive: trio.MemoryReceiveChannel[Event], *, buffer: int,
+                 options: dict[str, object],
                  max_concurrency: int | None,
                  per_model_concurrency: int | Mapping[str, int] | None) -> None:
         self._nursery = nursery
         self._endpoint = endpoint
         self._client = client
         self._send = send
-        self.events: EventChannel[Event] = EventChannel(receive)
+        # Drain up to a whole buffer before yielding: the buffer bounds it anyway.
+        self.events: EventChannel[Event] = EventChannel(receive, schedule_every=max(buffer, 64))
         self.results: dict[str, StreamResult] = {}
         self._runners: dict[str, StreamRunner] = {}
         self._options = options
@@ -180,7 +182,7 @@ async def open_fanout(
     """
     initial = list(requests)
     if buffer is None:
-        buffer = max(DEFAULT_BUFFER, 4 * (max_concurrency or len(initial)))
+        buffer = max(DEFAULT_BUFFER, 16 * (max_concurrency or len(initial)))
     if buffer < 0:
         raise ValueError(f"buffer must be >= 0, not {buffer}")
     if max_concurrency is not None and max_concurrency < 1:
@@ -201,7 +203,7 @@ async def open_fanout(
     }
     try:
         async with trio.open_nursery() as nursery:
-            fan = Fanout(nursery, endpoint, client, send, receive, options=options,
+            fan = Fanout(nursery, endpoint, client, send, receive, buffer=buffer, options=options,
                          max_concurrency=max_concurrency,
                          per_model_concurrency=per_model_concurrency)
             barrier = _Barrier(len(initial)) if start_together and initial else None
