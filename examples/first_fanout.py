@@ -43,7 +43,7 @@ async def main() -> None:
             print(f"    reasoning: {len(choice.reasoning)} chars")
         print(f"    text: {result.text[:70]!r}{'...' if len(result.text) > 70 else ''}")
         if result.error:
-            print(f"    error: {result.error.message}")
+            print(f"    error: {result.error.message!r}")  # untrusted text: never raw
 
 
 if __name__ == "__main__":

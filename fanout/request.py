@@ -138,10 +138,12 @@ class RetryPolicy:
         try:
             return min(self.max_retry_after, max(0.0, float(value)))
         except ValueError:
-            parsed = email.utils.parsedate_to_datetime(value) if value else None
-            if parsed is None:
-                return None
-            return min(self.max_retry_after, max(0.0, parsed.timestamp() - time.time()))
+            pass
+        try:  # an HTTP date
+            parsed = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None  # a header we cannot read is no instruction
+        return min(self.max_retry_after, max(0.0, parsed.timestamp() - time.time()))
 
 
 def content_key(base_url: str, model: str, messages: Sequence[Any],
