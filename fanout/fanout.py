@@ -125,6 +125,7 @@ class Fanout:
         return True
 
     def cancel_all(self) -> None:
+        """Cancel every stream still running (what leaving the block does)."""
         for key in self.running:
             self._runners[key].cancel()
 
