@@ -48,7 +48,9 @@ async def test_it_yields_at_least_every_n_receives() -> None:
         before = ticks
         for _ in range(100):
             await channel.receive()
-        assert 9 <= ticks - before <= 11  # one schedule point per 10 receives
+        # 9 schedule points for 100 receives; trio shuffles the tasks of a batch, so the
+        # ticker's first or last turn may fall outside: 8 to 11, never ~0 nor ~100.
+        assert 8 <= ticks - before <= 11
         nursery.cancel_scope.cancel()
 
 
