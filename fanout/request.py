@@ -13,7 +13,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -47,6 +47,29 @@ def _base_url(url: object) -> str:
     return str(url).rstrip("/")
 
 
+# Typed converters: with a bare ``tuple``/``dict`` converter, type checkers cannot
+# infer what ``__init__`` accepts, and a typed caller passing a list gets an error.
+def _str_dict(value: Mapping[str, str]) -> dict[str, str]:
+    return dict(value)
+
+
+def _any_dict(value: Mapping[str, Any]) -> dict[str, Any]:
+    return dict(value)
+
+
+def _statuses(value: Iterable[int]) -> frozenset[int]:
+    return frozenset(value)
+
+
+def _messages_tuple(value: Iterable[Mapping[str, Any]]) -> tuple[Mapping[str, Any], ...]:
+    return tuple(value)
+
+
+def _tools_tuple(value: Iterable[Mapping[str, Any]] | None
+                 ) -> tuple[Mapping[str, Any], ...] | None:
+    return None if value is None else tuple(value)
+
+
 @attrs.frozen
 class Endpoint:
     """One OpenAI-compatible relay: a base URL ending in ``/v1`` and one key.
@@ -58,7 +81,7 @@ class Endpoint:
     base_url: str = attrs.field(converter=_base_url)
     api_key: str | None = attrs.field(default=None, repr=False,
                                       validator=v.optional(v.instance_of(str)))
-    headers: Mapping[str, str] = attrs.field(factory=dict, converter=dict)
+    headers: Mapping[str, str] = attrs.field(factory=dict, converter=_str_dict)
 
     def __attrs_post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
@@ -114,7 +137,7 @@ class RetryPolicy:
     initial: float = attrs.field(default=0.5, validator=v.ge(0))
     maximum: float = attrs.field(default=8.0, validator=v.ge(0))
     statuses: frozenset[int] = attrs.field(default=frozenset({429, 500, 502, 503, 504}),
-                                           converter=frozenset)
+                                           converter=_statuses)
     connect_errors: bool = True
     max_retry_after: float = attrs.field(default=60.0, validator=v.ge(0))
     jitter: bool = True
@@ -167,12 +190,13 @@ class StreamRequest:
 
     key: str = attrs.field(validator=_nonempty_str)
     model: str = attrs.field(validator=_nonempty_str)
-    messages: Sequence[Mapping[str, Any]] = attrs.field(converter=tuple, validator=_messages)
-    params: Mapping[str, Any] = attrs.field(factory=dict, converter=dict)
+    messages: Sequence[Mapping[str, Any]] = attrs.field(converter=_messages_tuple,
+                                                          validator=_messages)
+    params: Mapping[str, Any] = attrs.field(factory=dict, converter=_any_dict)
     deadlines: Deadlines | None = attrs.field(default=None,
                                               validator=v.optional(v.instance_of(Deadlines)))
     tools: Sequence[Mapping[str, Any]] | None = attrs.field(
-        default=None, converter=attrs.converters.optional(tuple))
+        default=None, converter=_tools_tuple)
 
     def __attrs_post_init__(self) -> None:
         if not self.messages:
