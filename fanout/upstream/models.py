@@ -247,13 +247,19 @@ def _completion(request: ChatRequest, answers: list[_Choice]) -> Plan:
                            "usage": _usage(request, answers)})
 
 
-def _scripted(kind: str, cadence: float | tuple[float, float] = 0.0
-              ) -> Callable[[ChatRequest, Context], Plan]:
+def _scripted(kind: str, cadence: float | tuple[float, float] = 0.0, *,
+              cadence_arg: bool = True) -> Callable[[ChatRequest, Context], Plan]:
     def plan(request: ChatRequest, context: Context) -> Plan:
         answers = _answer(request, kind)
         if not request.stream:
             return _completion(request, answers)
-        pauses = _pauses(request, context, cadence)
+        # ``mock/reasoning:0.04``: seconds between chunks for this request, over the
+        # server's --cadence (only an X-Fanout-Cadence header is more specific).
+        own = _arg(request, -1.0) if cadence_arg else -1.0
+        if own >= 0 and request.cadence is None:
+            pauses: Iterator[float] = itertools.repeat(own)
+        else:
+            pauses = _pauses(request, context, cadence)
         return Plan(200, SSE_HEADERS, steps=_stream(request, answers, pauses),
                     fragment=request.fragment)
     return plan
@@ -271,7 +277,7 @@ def _arg(request: ChatRequest, default: float) -> float:
 def _fault(transform: Callable[[ChatRequest, Iterator[Step]], Iterable[Step]]
            ) -> Callable[[ChatRequest, Context], Plan]:
     """A fault model: mock/fast's stream, transformed."""
-    base = _scripted("text")
+    base = _scripted("text", cadence_arg=False)  # a fault's :ARG is its own
 
     def plan(request: ChatRequest, context: Context) -> Plan:
         normal = base(request, context)
@@ -382,7 +388,7 @@ def _error_event(request: ChatRequest, steps: Iterator[Step]) -> Iterator[Step]:
 
 def _fails_first(status: int, default_times: int) -> Callable[[ChatRequest, Context], Plan]:
     """``status`` for the first K requests of a conversation, then mock/fast's answer."""
-    base = _scripted("text")
+    base = _scripted("text", cadence_arg=False)  # a fault's :ARG is its own
 
     def plan(request: ChatRequest, context: Context) -> Plan:
         times = int(_arg(request, default_times))

@@ -115,6 +115,20 @@ def test_cadence_request_header_beats_server_and_model() -> None:
     assert {s.seconds for s in fast.steps if isinstance(s, Pause)} == {0.01}
 
 
+def test_a_scripted_models_argument_is_its_cadence() -> None:
+    def pauses(model: str, headers: dict[str, str] | None = None,
+               context: Context | None = None) -> set[float]:
+        p = plan_chat(request(model, headers or {}), context or Context())
+        assert p.steps is not None
+        return {s.seconds for s in p.steps if isinstance(s, Pause)}
+
+    assert pauses("mock/reasoning:0.04") == {0.04}
+    assert pauses("mock/slow:0.01", context=Context(cadence=0.5)) == {0.01}  # over --cadence
+    assert pauses("mock/fast:0.01", {"x-fanout-cadence": "0.2"}) == {0.2}  # the header wins
+    assert pauses("mock/fast:0") == set()
+    assert pauses("fault/truncate:3") == set()  # a fault's argument is not a cadence
+
+
 def test_max_tokens_gives_length_and_usage_counts() -> None:
     result = parse_stream([body_of(plan(max_tokens=3, stream_options={"include_usage": True}))])
     assert result.choices[0].finish_reason == "length"
