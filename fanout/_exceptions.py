@@ -6,6 +6,7 @@ and ``StreamResult.error``, never as exceptions.  The classes below are raised
 only where the caller asked for it (strict mode) or passed a bad argument::
 
     FanoutError
+    ├── ConfigError             a config file (or its environment) is wrong
     └── ProtocolError           the upstream broke the wire protocol
         ├── EventTooLarge       one SSE event grew past ``max_event_size``
         ├── ResponseTooLarge    the body grew past ``max_response_bytes``
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from .core.sse import ServerSentEvent
 
 __all__ = [
+    "ConfigError",
     "EventTooLarge",
     "FanoutError",
     "MalformedFrame",
@@ -31,6 +33,15 @@ __all__ = [
 
 class FanoutError(Exception):
     """Base class of every exception fanout raises on purpose."""
+
+
+@final
+class ConfigError(FanoutError):
+    """A config file, or the environment it names, is wrong.
+
+    The message is one line naming the file and the table or key at fault;
+    it never contains a secret.
+    """
 
 
 class ProtocolError(FanoutError):

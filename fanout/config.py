@@ -1,0 +1,417 @@
+"""Config files: which endpoint, which models, which deadlines.
+
+A config is TOML (read with the stdlib ``tomllib``)::
+
+    [endpoint]
+    base_url = "https://relay.example/v1"   # or "embedded": the in-process upstream
+    api_key_env = "RELAY_API_KEY"           # the *name* of the variable holding the key
+    headers = { "X-Title" = "fanout" }
+
+    [deadlines]                             # seconds; every one optional
+    connect = 10
+    first_token = 60
+    idle = 30
+    total = 300
+
+    [concurrency]
+    max = 64                                # streams in flight
+    per_model = 8                           # per model id
+
+    [parser]
+    strict = false
+
+    [compare]
+    models = ["fast", "thinker"]            # what ``fanout compare`` runs without -m
+
+    [[models]]
+    name = "fast"                           # what -m and the results call it
+    id = "gpt-4o-mini"                      # what the relay calls it
+    params = { temperature = 0.2, max_tokens = 400 }
+    deadlines = { first_token = 20 }        # over [deadlines]
+    concurrency = 4                         # over [concurrency] per_model
+
+Every key is checked: a typo, a wrong type, a negative deadline or a key
+variable that is not set is a ``ConfigError`` with one line naming the file
+and the key.  Without ``base_url``, ``OPENAI_BASE_URL`` is used; without
+``api_key_env``, ``OPENAI_API_KEY`` (if set).  The key itself never goes in
+a config file, and no error ever prints a variable's value.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import re
+import tomllib
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, final
+
+import attrs
+
+from ._exceptions import ConfigError
+from .request import Deadlines, Endpoint
+
+__all__ = ["EMBEDDED", "Config", "ModelConfig", "find_config", "load_config", "parse_config"]
+
+#: ``base_url = "embedded"``: start the embedded upstream in-process (no key, no network).
+EMBEDDED = "embedded"
+
+#: Where a checkout keeps its default config (absent from an installed wheel).
+CHECKOUT_DEFAULT = Path(__file__).resolve().parent.parent / "config" / "default.toml"
+
+_BUILTIN = """\
+# The built-in default: the embedded upstream and three of its models.
+[endpoint]
+base_url = "embedded"
+
+[deadlines]
+first_token = 30
+idle = 20
+total = 120
+
+[[models]]
+name = "fast"
+id = "mock/fast"
+
+[[models]]
+name = "reasoning"
+id = "mock/reasoning"
+
+[[models]]
+name = "tools"
+id = "mock/tools"
+"""
+
+_DEADLINES = ("connect", "first_byte", "first_token", "idle", "total")
+# Request parameters people put next to ``id`` instead of under ``params``.
+_PARAM_NAMES = frozenset({
+    "temperature", "top_p", "max_tokens", "max_completion_tokens", "seed", "stop", "n",
+    "presence_penalty", "frequency_penalty", "logprobs", "top_logprobs", "reasoning_effort",
+    "response_format", "tool_choice", "parallel_tool_calls", "user",
+})
+_RESERVED_PARAMS = ("model", "messages", "stream", "tools")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+@final
+@attrs.frozen
+class ModelConfig:
+    """One ``[[models]]`` entry: ``name`` (ours) for ``id`` (the relay's), with its params."""
+
+    name: str
+    id: str
+    params: Mapping[str, Any] = attrs.field(factory=dict)
+    deadlines: Deadlines | None = None
+    concurrency: int | None = None
+
+
+@final
+@attrs.frozen
+class Config:
+    """A whole config file, checked.  ``source`` names where it came from."""
+
+    source: str
+    base_url: str | None = None
+    api_key_env: str | None = None
+    headers: Mapping[str, str] = attrs.field(factory=dict)
+    models: tuple[ModelConfig, ...] = ()
+    compare: tuple[str, ...] = ()
+    deadlines: Deadlines = attrs.field(factory=Deadlines)
+    max_concurrency: int | None = None
+    per_model_concurrency: int | None = None
+    strict: bool = False
+
+    @property
+    def embedded(self) -> bool:
+        """True when the endpoint is the in-process embedded upstream."""
+        return self.base_url == EMBEDDED
+
+    def model(self, name: str) -> ModelConfig:
+        """The model called ``name`` (or, failing that, with id ``name``)."""
+        for model in self.models:
+            if model.name == name:
+                return model
+        for model in self.models:
+            if model.id == name:
+                return model
+        if self.embedded and _is_embedded_model(name):
+            return ModelConfig(name=name, id=name)  # any embedded model, ad hoc
+        known = ", ".join(m.name for m in self.models) or "none"
+        hint = _did_you_mean(name, [m.name for m in self.models])
+        raise ConfigError(f"{self.source}: no model named {name!r}{hint} (known: {known})")
+
+    def select(self, names: Iterable[str] = (), *, default: Iterable[str] = ()
+               ) -> tuple[ModelConfig, ...]:
+        """The models ``names`` ask for; without names, ``default``, else all of them."""
+        wanted = list(names) or list(default) or [m.name for m in self.models]
+        if not wanted:
+            raise ConfigError(f"{self.source}: no [[models]] to run")
+        chosen: list[ModelConfig] = []
+        for name in wanted:
+            model = self.model(name)
+            if any(c.name == model.name for c in chosen):
+                raise ConfigError(f"model {model.name!r} is asked for twice")
+            chosen.append(model)
+        return tuple(chosen)
+
+    def deadlines_for(self, model: ModelConfig) -> Deadlines:
+        """``[deadlines]`` with the model's own deadlines over them, key by key."""
+        if model.deadlines is None:
+            return self.deadlines
+        own = {k: v for k, v in attrs.asdict(model.deadlines).items() if v is not None}
+        return attrs.evolve(self.deadlines, **own)
+
+    def per_model_caps(self, models: Iterable[ModelConfig]) -> dict[str, int] | int | None:
+        """``per_model_concurrency`` for ``open_fanout``: model id -> cap."""
+        caps = {m.id: m.concurrency for m in models if m.concurrency is not None}
+        if not caps:
+            return self.per_model_concurrency
+        if self.per_model_concurrency is not None:
+            for model in models:
+                caps.setdefault(model.id, self.per_model_concurrency)
+        return caps
+
+    def endpoint(self, environ: Mapping[str, str] | None = None) -> Endpoint | None:
+        """The ``Endpoint`` to stream from; ``None`` for the embedded upstream.
+
+        Reads the key from the variable ``api_key_env`` names (else
+        ``OPENAI_API_KEY``); the base URL falls back to ``OPENAI_BASE_URL``.
+        """
+        env = os.environ if environ is None else environ
+        base_url = self.base_url or env.get("OPENAI_BASE_URL") or None
+        if base_url is None:
+            raise ConfigError(f"{self.source}: no endpoint: set [endpoint] base_url, "
+                              "or OPENAI_BASE_URL in the environment")
+        if base_url == EMBEDDED:
+            return None
+        where = "[endpoint] base_url" if self.base_url else "OPENAI_BASE_URL"
+        _check_url(base_url, f"{self.source}: {where}")
+        if self.api_key_env is not None:
+            key = env.get(self.api_key_env)
+            if not key:
+                raise ConfigError(f"{self.source}: [endpoint] api_key_env: the variable "
+                                  f"{self.api_key_env} is not set (or empty)")
+        else:
+            key = env.get("OPENAI_API_KEY") or None
+        return Endpoint(base_url, key, dict(self.headers))
+
+
+def find_config(explicit: str | os.PathLike[str] | None = None,
+                cwd: str | os.PathLike[str] | None = None) -> Path | None:
+    """The config file to use: ``explicit``, else ``./fanout.toml``, else the
+    checkout's ``config/default.toml``; ``None`` means the built-in default."""
+    if explicit is not None:
+        return Path(explicit)
+    local = Path(cwd if cwd is not None else ".") / "fanout.toml"
+    if local.is_file():
+        return local
+    if CHECKOUT_DEFAULT.is_file():
+        return CHECKOUT_DEFAULT
+    return None
+
+
+def load_config(path: str | os.PathLike[str] | None = None, *,
+                cwd: str | os.PathLike[str] | None = None) -> Config:
+    """Find (see ``find_config``), read and check a config; ``ConfigError`` if it is wrong."""
+    found = find_config(path, cwd)
+    if found is None:
+        return parse_config(_BUILTIN, "<built-in default>")
+    try:
+        text = found.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{found}: no such config file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{found}: is a directory, not a config file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{found}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise ConfigError(f"{found}: cannot read: {exc.strerror or exc}") from None
+    return parse_config(text, str(found))
+
+
+def parse_config(text: str, source: str = "<config>") -> Config:
+    """Check the TOML ``text``; ``source`` names it in errors."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    return _Checker(source).config(data)
+
+
+class _Checker:
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, where: str, message: str) -> ConfigError:
+        return ConfigError(f"{self.source}: {where}: {message}")
+
+    def keys(self, table: Mapping[str, Any], where: str, known: Iterable[str],
+             hint: Callable[[str], str] | None = None) -> None:
+        known = list(known)
+        for key in table:
+            if key not in known:
+                extra = hint(key) if hint else ""
+                raise self.fail(where, f"unknown key {key!r}{extra or _did_you_mean(key, known)}"
+                                f" (known: {', '.join(known)})")
+
+    def table(self, data: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+        value = data.get(name, {})
+        if not isinstance(value, dict):
+            raise self.fail(name, f"must be a table ([{name}]), not {_kind(value)}")
+        return value
+
+    def config(self, data: Mapping[str, Any]) -> Config:
+        self.keys(data, "top level",
+                  ("endpoint", "deadlines", "concurrency", "parser", "compare", "models"))
+        endpoint = self.table(data, "endpoint")
+        self.keys(endpoint, "[endpoint]", ("base_url", "api_key_env", "headers"))
+        base_url = self.string(endpoint, "base_url", "[endpoint]")
+        if base_url is not None and base_url != EMBEDDED:
+            _check_url(base_url, f"{self.source}: [endpoint] base_url")
+        api_key_env = self.string(endpoint, "api_key_env", "[endpoint]")
+        if api_key_env is not None and not _ENV_NAME.match(api_key_env):
+            # Possibly the key itself pasted in: never echo it.
+            raise self.fail("[endpoint] api_key_env", "must be the *name* of an environment "
+                            "variable (like RELAY_API_KEY), not the key itself")
+        headers = self.headers(endpoint.get("headers", {}))
+
+        deadlines = self.deadlines(self.table(data, "deadlines"), "[deadlines]")
+        concurrency = self.table(data, "concurrency")
+        self.keys(concurrency, "[concurrency]", ("max", "per_model"))
+        parser = self.table(data, "parser")
+        self.keys(parser, "[parser]", ("strict",))
+        strict = parser.get("strict", False)
+        if not isinstance(strict, bool):
+            raise self.fail("[parser] strict", f"must be true or false, not {_kind(strict)}")
+
+        raw_models = data.get("models", [])
+        if not isinstance(raw_models, list):
+            raise self.fail("models", "must be an array of tables ([[models]])")
+        models = tuple(self.model(raw, number) for number, raw in enumerate(raw_models, 1))
+        seen: set[str] = set()
+        for model in models:
+            if model.name in seen:
+                raise self.fail("[[models]]", f"the name {model.name!r} is used twice")
+            seen.add(model.name)
+
+        compare = self.table(data, "compare")
+        self.keys(compare, "[compare]", ("models",))
+        compare_models = compare.get("models", [])
+        if not isinstance(compare_models, list) or not all(
+                isinstance(n, str) for n in compare_models):
+            raise self.fail("[compare] models", "must be an array of model names")
+        for name in compare_models:
+            if name not in seen:
+                raise self.fail("[compare] models", f"no model named {name!r}"
+                                f"{_did_you_mean(name, seen)} (known: {', '.join(seen)})")
+        return Config(
+            source=self.source, base_url=base_url, api_key_env=api_key_env, headers=headers,
+            models=models, compare=tuple(compare_models), deadlines=deadlines,
+            max_concurrency=self.count(concurrency, "max", "[concurrency]"),
+            per_model_concurrency=self.count(concurrency, "per_model", "[concurrency]"),
+            strict=strict)
+
+    def model(self, raw: Any, number: int) -> ModelConfig:
+        where = f"[[models]] #{number}"
+        if not isinstance(raw, dict):
+            raise self.fail(where, f"must be a table, not {_kind(raw)}")
+        if isinstance(raw.get("name"), str) and raw["name"]:
+            where = f"[[models]] #{number} ({raw['name']})"
+
+        def hint(key: str) -> str:
+            return f" (request parameters go under params: params = {{ {key} = ... }})" \
+                if key in _PARAM_NAMES else ""
+
+        self.keys(raw, where, ("name", "id", "params", "deadlines", "concurrency"), hint)
+        name = self.string(raw, "name", where, required=True)
+        model_id = self.string(raw, "id", where, required=True)
+        assert name is not None and model_id is not None
+        params = raw.get("params", {})
+        if not isinstance(params, dict):
+            raise self.fail(f"{where} params", f"must be a table, not {_kind(params)}")
+        for reserved in _RESERVED_PARAMS:
+            if reserved in params:
+                raise self.fail(f"{where} params", f"must not set {reserved!r}: fanout sets it")
+        deadlines = None
+        if "deadlines" in raw:
+            if not isinstance(raw["deadlines"], dict):
+                raise self.fail(f"{where} deadlines",
+                                f"must be a table, not {_kind(raw['deadlines'])}")
+            deadlines = self.deadlines(raw["deadlines"], f"{where} deadlines")
+        return ModelConfig(name=name, id=model_id, params=params, deadlines=deadlines,
+                           concurrency=self.count(raw, "concurrency", where))
+
+    def string(self, table: Mapping[str, Any], key: str, where: str, *,
+               required: bool = False) -> str | None:
+        value = table.get(key)
+        if value is None:
+            if required:
+                raise self.fail(where, f"{key} is missing")
+            return None
+        if not isinstance(value, str) or not value.strip():
+            raise self.fail(f"{where} {key}", f"must be a non-empty string, not {_kind(value)}")
+        return value
+
+    def count(self, table: Mapping[str, Any], key: str, where: str) -> int | None:
+        value = table.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise self.fail(f"{where} {key}", f"must be a whole number >= 1, not {_kind(value)}")
+        return value
+
+    def deadlines(self, table: Mapping[str, Any], where: str) -> Deadlines:
+        self.keys(table, where, _DEADLINES)
+        for key, value in table.items():
+            if isinstance(value, bool) or not isinstance(value, int | float) or (
+                    math.isnan(value) or value <= 0):
+                raise self.fail(f"{where} {key}",
+                                f"must be a number of seconds > 0, not {_kind(value)}")
+        return Deadlines(**table)
+
+    def headers(self, value: Any) -> dict[str, str]:
+        where = "[endpoint] headers"
+        if not isinstance(value, dict):
+            raise self.fail(where, f"must be a table of strings, not {_kind(value)}")
+        for name, header in value.items():
+            if name.lower() == "authorization":
+                raise self.fail(where, "must not carry Authorization: the key never goes in "
+                                "a config file; name its variable in api_key_env")
+            if not isinstance(header, str):
+                raise self.fail(f"{where} {name}", f"must be a string, not {_kind(header)}")
+        return dict(value)
+
+
+def _check_url(url: str, where: str) -> None:
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"{where}: must start with http:// or https:// "
+                          f"(or be \"{EMBEDDED}\"), not {url[:80]!r}")
+
+
+def _is_embedded_model(name: str) -> bool:
+    from .upstream.models import MODELS  # only when the endpoint is the embedded one
+
+    base = name.split("@", 1)[0].split(":", 1)[0]
+    return base in MODELS or (base.startswith("replay/") and len(base) > len("replay/"))
+
+
+def _did_you_mean(word: str, choices: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _kind(value: Any) -> str:
+    """How an error names a wrong value: short, and never a long string in full."""
+    if isinstance(value, str):
+        return repr(value) if len(value) <= 40 else f"a string of {len(value)} characters"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "an array"
+    return type(value).__name__
