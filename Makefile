@@ -18,10 +18,11 @@ test: $(STAMP)
 	$(PY) -m mypy fanout
 	$(PY) -m pytest
 
-## make demo: one prompt to four embedded models at once (the live `fanout compare` view
-## arrives with issue 5).  No key, no network.
+## make demo: `fanout compare` with config/default.toml: one prompt, four models of the
+## embedded upstream streaming side by side.  No key, no network.
+DEMO_PROMPT ?= Tell me about rivers, in a few sentences.
 demo: $(STAMP)
-	$(PY) examples/first_fanout.py
+	$(VENV)/bin/fanout compare "$(DEMO_PROMPT)" --config config/default.toml
 
 ## make bench: the benchmarks of bench/, each printing its table.
 bench: $(STAMP)

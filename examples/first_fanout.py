@@ -2,7 +2,8 @@
 
     python examples/first_fanout.py
 
-What `make demo` runs until `fanout compare` (issue 5) brings the live view.
+The library underneath `fanout compare`, with no terminal UI: events as they
+arrive, then one result per stream.
 """
 
 from __future__ import annotations

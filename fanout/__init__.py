@@ -3,11 +3,15 @@
 The public API is exactly the names in ``__all__``; everything else is private.
 """
 
+from ._exceptions import ConfigError as ConfigError
 from ._exceptions import EventTooLarge as EventTooLarge
 from ._exceptions import FanoutError as FanoutError
 from ._exceptions import MalformedFrame as MalformedFrame
 from ._exceptions import ProtocolError as ProtocolError
 from ._exceptions import ResponseTooLarge as ResponseTooLarge
+from .config import Config as Config
+from .config import ModelConfig as ModelConfig
+from .config import load_config as load_config
 from .core.accumulate import Accumulator as Accumulator
 from .core.chat import ChatChunkInterpreter as ChatChunkInterpreter
 from .core.events import CONTENT_EVENTS as CONTENT_EVENTS
@@ -58,6 +62,8 @@ __all__ = [
     "ChoiceFinished",
     "ChoiceResult",
     "ChoiceRole",
+    "Config",
+    "ConfigError",
     "CoreEvent",
     "Deadlines",
     "DoneReceived",
@@ -69,6 +75,7 @@ __all__ = [
     "FanoutError",
     "FrameSkipped",
     "MalformedFrame",
+    "ModelConfig",
     "Outcome",
     "ProtocolError",
     "ReasoningDelta",
@@ -91,6 +98,7 @@ __all__ = [
     "ToolCallDelta",
     "Usage",
     "UsageReported",
+    "load_config",
     "make_client",
     "open_fanout",
     "parse_stream",

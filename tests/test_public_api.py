@@ -44,6 +44,15 @@ def test_core_sources_import_no_io_library() -> None:
         assert third_party <= allowed_third_party, (path.name, third_party)
 
 
+def test_only_the_command_line_imports_rich() -> None:
+    # Embedding fanout in a trio app never drags in a terminal UI.
+    for path in PACKAGE.rglob("*.py"):
+        if "cli" not in path.relative_to(PACKAGE).parts:
+            assert "rich" not in _imported_modules(path), path
+    script = "import sys, fanout, fanout.upstream; assert 'rich' not in sys.modules"
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+
+
 def test_core_runs_with_trio_and_httpx_unimportable() -> None:
     # A fresh interpreter where importing trio or httpx fails; the core must not care.
     script = f"""

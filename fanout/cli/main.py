@@ -1,4 +1,7 @@
-"""``fanout``: the command line.  ``fanout mock`` today; ``compare`` and ``batch`` follow."""
+"""``fanout``: the command line (``compare``, ``mock``).
+
+Only this package imports rich: the library itself never draws anything.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +27,24 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fanout", description=(
         "Stream chat completions from many models at once, through one endpoint and one key."))
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    compare = commands.add_parser(
+        "compare", help="one prompt, several models, side by side as they stream",
+        description="Send one prompt to several models at once through one endpoint and "
+                    "watch their answers stream side by side. Exit status: 0 when every "
+                    "stream completed, 1 otherwise, 2 for bad usage, 130 after Ctrl-C.")
+    compare.add_argument("prompt", metavar="PROMPT",
+                         help="the prompt; - reads standard input, @FILE reads a file")
+    compare.add_argument("-m", "--model", dest="models", action="append", default=[],
+                         metavar="NAME", help="a model of the config (repeat; default: the "
+                         "config's [compare] models, else all)")
+    compare.add_argument("--system", metavar="TEXT", help="a system message before the prompt")
+    compare.add_argument("--config", metavar="FILE", help="config file (default: ./fanout.toml, "
+                         "else config/default.toml, else the built-in embedded default)")
+    compare.add_argument("--json", action="store_true",
+                         help="JSON Lines on stdout: one object per event, one per result")
+    compare.add_argument("--no-reasoning", dest="reasoning", action="store_false",
+                         help="hide reasoning text")
+
     mock = commands.add_parser(
         "mock", help="serve the embedded OpenAI-compatible upstream",
         description="Serve the embedded OpenAI-compatible upstream: scripted models, faults "
@@ -88,6 +109,19 @@ def _mock(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from .compare import CompareOptions, UsageError, read_prompt, run_compare
+
+    try:
+        prompt = read_prompt(args.prompt)
+    except UsageError as exc:
+        print(f"fanout compare: {exc}", file=sys.stderr)
+        return 2
+    return run_compare(CompareOptions(
+        prompt=prompt, models=tuple(args.models), system=args.system, config=args.config,
+        json=args.json, reasoning=args.reasoning))
+
+
 def _only(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
     """``exc`` (or the first leaf of the group) if it, or its whole group, is ``kind``."""
     if isinstance(exc, BaseExceptionGroup):
@@ -123,6 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "mock":
         return _mock(args)
+    if args.command == "compare":
+        return _compare(args)
     raise AssertionError(f"unhandled command {args.command!r}")  # pragma: no cover
 
 

@@ -1,0 +1,228 @@
+"""``fanout compare``: one prompt, several models, their answers side by side as they stream.
+
+Three outputs: the live view (a terminal), labelled blocks and a summary
+(anything else), JSON Lines (``--json``).  Exit status: 0 when every stream
+completed, 1 when one did not (one line per stream on stderr says why), 2 for
+bad usage or config, 130 after Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import sys
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TextIO
+
+import attrs
+import trio
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
+
+from .._exceptions import ConfigError
+from ..config import Config, ModelConfig, load_config
+from ..core.result import Outcome
+from ..fanout import Fanout, open_fanout
+from ..request import Endpoint, StreamRequest
+from .records import event_record
+from .render import Column, CompareView, _cut, inert, summary_table
+
+__all__ = ["CompareOptions", "read_prompt", "run_compare"]
+
+#: Live redraws per second: on a timer, never once per chunk.
+FPS = 15
+EXIT_INTERRUPTED = 130
+
+
+class UsageError(Exception):
+    """A bad argument: one line, exit status 2."""
+
+
+@attrs.frozen
+class CompareOptions:
+    prompt: str
+    models: tuple[str, ...] = ()
+    system: str | None = None
+    config: str | None = None
+    json: bool = False
+    reasoning: bool = True
+
+
+def read_prompt(argument: str, stdin: TextIO | None = None) -> str:
+    """``PROMPT`` as given, ``-`` for standard input, ``@FILE`` for a file's text."""
+    if argument == "-":
+        text = (stdin or sys.stdin).read()
+        where = "standard input"
+    elif argument.startswith("@") and len(argument) > 1:
+        path = Path(argument[1:])
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise UsageError(f"PROMPT {argument}: no such file") from None
+        except UnicodeDecodeError:
+            raise UsageError(f"PROMPT {argument}: not UTF-8 text") from None
+        except OSError as exc:
+            raise UsageError(f"PROMPT {argument}: cannot read: {exc.strerror or exc}") from None
+        where = str(path)
+    else:
+        text, where = argument, "PROMPT"
+    if not text.strip():
+        raise UsageError(f"{where}: the prompt is empty")
+    return text
+
+
+def run_compare(options: CompareOptions, *, console: Console | None = None,
+                stdout: TextIO | None = None, stderr: TextIO | None = None,
+                environ: dict[str, str] | None = None) -> int:
+    """Run one comparison; returns the exit status (see the module docstring)."""
+    out = stdout or sys.stdout
+    err = stderr or sys.stderr
+    try:
+        config = load_config(options.config)
+        models = config.select(options.models, default=config.compare)
+        endpoint = config.endpoint(environ)
+    except ConfigError as exc:
+        print(f"fanout compare: {exc}", file=err)
+        return 2
+    messages: list[dict[str, Any]] = []
+    if options.system:
+        messages.append({"role": "system", "content": options.system})
+    messages.append({"role": "user", "content": options.prompt})
+    if console is None:
+        console = Console(file=out, highlight=False, emoji=False, markup=False)
+    session = _Session(config, models, messages, options, console, out)
+    try:
+        trio.run(session.run, endpoint)
+    except BrokenPipeError:
+        _silence_stdout()
+        return 1
+    if session.interrupted:
+        return EXIT_INTERRUPTED
+    failed = [c for c in session.columns if c.result is None
+              or c.result.outcome != Outcome.COMPLETED]
+    for column in failed:
+        reason = column.status
+        if column.error:
+            reason += f": {_cut(inert(column.error), 200)}"
+        print(f"fanout compare: {column.key}: {reason}", file=err)
+    return 1 if failed else 0
+
+
+class _Session:
+    def __init__(self, config: Config, models: Sequence[ModelConfig],
+                 messages: list[dict[str, Any]], options: CompareOptions,
+                 console: Console, out: TextIO) -> None:
+        self.config = config
+        self.models = models
+        self.messages = messages
+        self.options = options
+        self.console = console
+        self.out = out
+        self.columns: list[Column] = []
+        self.interrupted = False
+
+    async def run(self, endpoint: Endpoint | None) -> None:
+        async with _endpoint(endpoint) as resolved:
+            requests = [StreamRequest(m.name, m.id, self.messages, m.params,
+                                      deadlines=self.config.deadlines_for(m))
+                        for m in self.models]
+            now = trio.current_time()
+            self.columns = [Column(m.name, m.id, started=now) for m in self.models]
+            by_key = {c.key: c for c in self.columns}
+            async with open_fanout(
+                    resolved, requests, max_concurrency=self.config.max_concurrency,
+                    per_model_concurrency=self.config.per_model_caps(self.models),
+                    deadlines=self.config.deadlines, strict=self.config.strict) as fan, \
+                    trio.open_nursery() as nursery:
+                nursery.start_soon(self._on_sigint, fan)
+                if self.options.json:
+                    await self._json(fan, by_key)
+                elif self.console.is_terminal:
+                    await self._live(fan, by_key)
+                else:
+                    await self._plain(fan, by_key)
+                nursery.cancel_scope.cancel()
+
+    async def _on_sigint(self, fan: Fanout) -> None:
+        # First Ctrl-C: cancel every stream, keep what arrived, show it.  Second: now.
+        with trio.open_signal_receiver(signal.SIGINT) as signals:
+            async for _ in signals:
+                if self.interrupted:
+                    raise KeyboardInterrupt
+                self.interrupted = True
+                fan.cancel_all()
+
+    async def _json(self, fan: Fanout, by_key: dict[str, Column]) -> None:
+        start = trio.current_time()
+        async for event in fan.events:
+            by_key[event.stream].apply(event, trio.current_time())  # for the exit status
+            record = event_record(event)
+            record["t"] = round(trio.current_time() - start, 6)
+            self.out.write(json.dumps(record, ensure_ascii=False) + "\n")
+            self.out.flush()
+
+    async def _plain(self, fan: Fanout, by_key: dict[str, Column]) -> None:
+        await self._consume(fan, by_key)
+        self._final(trio.current_time(), blocks=True)
+
+    async def _live(self, fan: Fanout, by_key: dict[str, Column]) -> None:
+        view = CompareView(self.columns, reasoning=self.options.reasoning)
+        console = self.console
+        with Live(console=console, auto_refresh=False, transient=True,
+                  redirect_stdout=False, redirect_stderr=False,
+                  vertical_overflow="crop") as live:
+            async with trio.open_nursery() as nursery:
+                async def redraw() -> None:
+                    while True:
+                        live.update(view.live(console, trio.current_time()), refresh=True)
+                        await trio.sleep(1 / FPS)
+
+                nursery.start_soon(redraw)
+                await self._consume(fan, by_key)
+                nursery.cancel_scope.cancel()
+        self._final(trio.current_time(), blocks=False)
+
+    async def _consume(self, fan: Fanout, by_key: dict[str, Column]) -> None:
+        async for event in fan.events:
+            by_key[event.stream].apply(event, trio.current_time())
+
+    def _final(self, now: float, *, blocks: bool) -> None:
+        console = self.console
+        view = CompareView(self.columns, reasoning=self.options.reasoning)
+        if blocks:
+            for column in self.columns:
+                # soft_wrap: the text goes out as the model wrote it, unwrapped.
+                console.print(view.header(column, now, one_line=True), soft_wrap=True)
+                console.print(view.body(column), soft_wrap=True)
+                console.print()
+        else:
+            console.print(view.final(console, now))
+        console.print(summary_table(self.columns, now))
+        if self.interrupted:
+            console.print(Text("interrupted: every stream was cancelled; what arrived is "
+                               "shown above", style="bold yellow"))
+
+
+@asynccontextmanager
+async def _endpoint(endpoint: Endpoint | None) -> AsyncIterator[Endpoint]:
+    """The configured endpoint, or the embedded upstream started in-process for the run."""
+    if endpoint is not None:
+        yield endpoint
+        return
+    from ..upstream import open_upstream  # only when the config asks for it
+
+    async with open_upstream() as upstream:
+        yield Endpoint(upstream.base_url)
+
+
+def _silence_stdout() -> None:
+    # The reader went away (``| head``): no traceback, and none at exit either.
+    with contextlib.suppress(OSError, ValueError):
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())

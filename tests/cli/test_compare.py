@@ -1,0 +1,333 @@
+"""`fanout compare` end to end against the embedded upstream (in-process or `fanout mock`)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from fanout.cli.compare import CompareOptions, UsageError, read_prompt, run_compare
+from fanout.cli.main import main
+
+COMMAND = [sys.executable, "-m", "fanout.cli.main"]
+
+CONFIG = """
+[endpoint]
+base_url = "embedded"
+
+[deadlines]
+idle = 3
+total = 20
+
+[compare]
+models = ["steady", "reasoner", "tools"]
+
+[[models]]
+name = "steady"
+id = "mock/fast"
+params = { max_tokens = 30 }
+
+[[models]]
+name = "reasoner"
+id = "mock/reasoning"
+params = { max_tokens = 40 }
+
+[[models]]
+name = "tools"
+id = "mock/tools"
+
+[[models]]
+name = "short"
+id = "mock/length"
+params = { max_tokens = 5 }
+
+[[models]]
+name = "flaky"
+id = "fault/truncate:3"
+
+[[models]]
+name = "stalled"
+id = "fault/heartbeat-stall:2"
+deadlines = { idle = 0.5 }
+
+[[models]]
+name = "hanging"
+id = "fault/stall:4"
+deadlines = { idle = 600, total = 600 }
+"""
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> str:
+    path = tmp_path / "fanout.toml"
+    path.write_text(CONFIG)
+    return str(path)
+
+
+def compare(config: str, *models: str, prompt: str = "Tell me about rivers.",
+            json_lines: bool = False, environ: dict[str, str] | None = None,
+            console: Console | None = None, **options: object) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    status = run_compare(
+        CompareOptions(prompt=prompt, models=models, config=config, json=json_lines,
+                       **options),  # type: ignore[arg-type]
+        stdout=out, stderr=err, environ=environ or {}, console=console)
+    return status, out.getvalue(), err.getvalue()
+
+
+def test_plain_output_has_a_block_per_model_and_a_summary(config: str) -> None:
+    status, out, err = compare(config)
+    assert status == 0, err
+    assert err == ""
+    blocks = [line for line in out.splitlines() if line.startswith("== ")]
+    assert [b.split()[1] for b in blocks] == ["steady", "reasoner", "tools"]
+    assert all(" done " in b for b in blocks)
+    assert "finish tool_calls" in blocks[2]
+    assert "→ get_weather(" in out  # tool calls, pretty-printed
+    summary = out[out.index(" model "):]
+    assert all(name in summary for name in ("steady", "reasoner", "tools"))
+    assert "\x1b" not in out  # not a terminal: no colour codes
+
+
+def test_a_fault_model_shows_its_outcome_and_fails_the_run(config: str) -> None:
+    status, out, err = compare(config, "steady", "flaky", "stalled", "short")
+    assert status == 1
+    lines = err.splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("fanout compare: flaky: truncated: ")
+    assert lines[1] == "fanout compare: stalled: timed out (idle): no event within 0.5 s"
+    blocks = {line.split()[1]: line for line in out.splitlines() if line.startswith("== ")}
+    assert " truncated " in blocks["flaky"]
+    assert "finish length" in blocks["short"] and " done " in blocks["short"]  # length completes
+
+
+def test_json_lines(config: str) -> None:
+    status, out, _ = compare(config, "steady", "tools", "flaky", json_lines=True)
+    assert status == 1
+    records = [json.loads(line) for line in out.splitlines()]
+    results = {r["stream"]: r for r in records if r["type"] == "result"}
+    assert set(results) == {"steady", "tools", "flaky"}
+    assert [r["type"] for r in records].count("result") == 3
+    for key, result in results.items():
+        mine = [r for r in records if r["stream"] == key]
+        assert mine[-1] is result  # the result is each stream's last record
+        text = "".join(r["text"] for r in mine if r["type"] == "text" and r["choice"] == 0)
+        assert text == result["text"]
+        assert all(r["t"] >= 0 for r in mine)
+    assert results["steady"]["outcome"] == "completed"
+    assert results["steady"]["metrics"]["ttft"] > 0
+    assert results["flaky"]["outcome"] == "truncated" and results["flaky"]["text"]
+    calls = results["tools"]["choices"][0]["tool_calls"]
+    assert [c["name"] for c in calls] == ["get_weather", "get_time"]
+    assert all(c["valid_json"] for c in calls)
+    assert {"started", "text", "finish", "usage", "done"} <= {r["type"] for r in records}
+
+
+def test_live_view_on_a_terminal(config: str) -> None:
+    terminal = Console(file=io.StringIO(), width=150, height=40, force_terminal=True,
+                       record=True, color_system="truecolor")
+    status, _, err = compare(config, "steady", "short", "reasoner", console=terminal)
+    assert status == 0, err
+    screen = terminal.export_text()
+    header = next(line for line in screen.splitlines() if "steady" in line)
+    assert "short" in header and "reasoner" in header  # side by side
+    assert screen.count("done  finish length") == 3  # the final screen: every column
+    raw = terminal.file.getvalue()  # type: ignore[attr-defined]
+    assert "\x1b[" in raw  # it did draw in colour
+
+
+def test_no_reasoning_hides_it(config: str) -> None:
+    _, shown, _ = compare(config, "reasoner")
+    _, hidden, _ = compare(config, "reasoner", reasoning=False)
+    assert "Let me think" in shown and "Let me think" not in hidden
+
+
+def test_system_message_and_prompt_reach_the_model(config: str, tmp_path: Path) -> None:
+    path = tmp_path / "echo.toml"
+    path.write_text(CONFIG.replace('id = "mock/fast"', 'id = "mock/echo"'))
+    status, out, _ = compare(str(path), "steady", prompt="[bold]echo me[/bold]",
+                             system="be brief")
+    assert status == 0
+    assert "[bold]echo me[/bold]" in out  # model text is never markup
+
+
+def test_unknown_model_is_a_usage_error(config: str) -> None:
+    status, out, err = compare(config, "stedy")
+    assert status == 2 and out == ""
+    assert err.strip() == (f"fanout compare: {config}: no model named 'stedy' "
+                           "(did you mean 'steady'?) (known: steady, reasoner, tools, short, "
+                           "flaky, stalled, hanging)")
+
+
+def test_a_missing_key_variable_is_named_not_printed(tmp_path: Path) -> None:
+    path = tmp_path / "relay.toml"
+    path.write_text('[endpoint]\nbase_url = "http://127.0.0.1:9/v1"\napi_key_env = "MY_KEY"\n'
+                    '[[models]]\nname = "a"\nid = "a"\n')
+    status, _, err = compare(str(path), environ={"OPENAI_API_KEY": "sk-should-not-appear"})
+    assert status == 2
+    assert "MY_KEY is not set" in err and "sk-should-not-appear" not in err
+
+
+@pytest.fixture
+def mock_with_key() -> Iterator[str]:
+    process = subprocess.Popen([*COMMAND, "mock", "--key", "sk-compare-secret-1"],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert process.stdout is not None
+        yield process.stdout.readline().strip()
+    finally:
+        process.kill()
+        process.communicate(timeout=10)
+
+
+def test_a_real_endpoint_with_a_key_never_shows_the_key(mock_with_key: str,
+                                                        tmp_path: Path) -> None:
+    path = tmp_path / "relay.toml"
+    path.write_text(f'[endpoint]\nbase_url = "{mock_with_key}"\napi_key_env = "MY_KEY"\n'
+                    '[[models]]\nname = "echo"\nid = "mock/echo"\n')
+    secret = "sk-compare-secret-1"
+    ok = compare(str(path), environ={"MY_KEY": secret}, json_lines=True)
+    assert ok[0] == 0
+    refused = compare(str(path), environ={"MY_KEY": "sk-wrong-key-000"})
+    assert refused[0] == 1 and "fanout compare: echo: error: Incorrect API key" in refused[2]
+    for _, out, err in (ok, refused):
+        assert secret not in out + err and "sk-wrong-key-000" not in out + err
+
+
+def test_read_prompt(tmp_path: Path) -> None:
+    assert read_prompt("hello") == "hello"
+    assert read_prompt("-", io.StringIO("from stdin\n")) == "from stdin\n"
+    path = tmp_path / "p.txt"
+    path.write_text("from a file")
+    assert read_prompt(f"@{path}") == "from a file"
+    with pytest.raises(UsageError, match="no such file"):
+        read_prompt(f"@{tmp_path / 'missing'}")
+    with pytest.raises(UsageError, match="the prompt is empty"):
+        read_prompt("-", io.StringIO("  \n"))
+    with pytest.raises(UsageError, match="the prompt is empty"):
+        read_prompt("")
+
+
+def test_the_command_line_reads_the_prompt_from_stdin(config: str) -> None:
+    out = subprocess.run([*COMMAND, "compare", "-", "-m", "steady", "--config", config, "--json"],
+                         input="from stdin", capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.splitlines()[-1])["outcome"] == "completed"
+    empty = subprocess.run([*COMMAND, "compare", "@/nonexistent/prompt.txt", "--config", config],
+                           capture_output=True, text=True, timeout=60)
+    assert empty.returncode == 2
+    assert empty.stderr == "fanout compare: PROMPT @/nonexistent/prompt.txt: no such file\n"
+
+
+def _interrupt(config: str) -> subprocess.CompletedProcess[str]:
+    """Start compare, wait until text arrived (--json shows it), then Ctrl-C."""
+    process = subprocess.Popen(
+        [*COMMAND, "compare", "hi", "-m", "hanging", "-m", "steady", "--config", config,
+         "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert process.stdout is not None
+    seen: list[str] = []
+    texts = 0
+    for line in process.stdout:
+        seen.append(line)
+        record = json.loads(line)
+        texts += record["stream"] == "hanging" and record["type"] == "text"
+        if texts == 3:  # the model hangs after its 4th chunk: this is mid-stream
+            break
+    process.send_signal(signal.SIGINT)
+    rest, err = process.communicate(timeout=30)
+    return subprocess.CompletedProcess(process.args, process.returncode, "".join(seen) + rest,
+                                       err)
+
+
+def test_ctrl_c_cancels_keeps_the_partial_output_and_exits_130(config: str) -> None:
+    done = _interrupt(config)
+    assert done.returncode == 130, done.stderr
+    assert "Traceback" not in done.stderr
+    records = [json.loads(line) for line in done.stdout.splitlines()]
+    results = {r["stream"]: r for r in records if r["type"] == "result"}
+    assert results["hanging"]["outcome"] == "cancelled"
+    partial = "".join(r["text"] for r in records
+                      if r["stream"] == "hanging" and r["type"] == "text")
+    assert partial and results["hanging"]["text"] == partial  # nothing lost
+
+
+def test_ctrl_c_in_plain_mode_prints_the_final_screen(config: str) -> None:
+    process = subprocess.Popen(
+        [*COMMAND, "compare", "hi", "-m", "hanging", "--config", config],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # Nothing is printed before the end in plain mode; the stream hangs after
+        # 4 chunks, so any moment after start-up is "mid-stream".
+        with pytest.raises(subprocess.TimeoutExpired):
+            process.wait(timeout=3)
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == 130, err
+    assert "Traceback" not in err
+    assert "== hanging" in out and "cancelled" in out
+    assert "interrupted: every stream was cancelled" in out
+
+
+def test_main_wires_compare(config: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compare", "hi", "-m", "steady", "--config", config]) == 0
+    assert "== steady" in capsys.readouterr().out
+
+
+def test_ctrl_c_on_a_real_terminal(config: str) -> None:
+    # A pseudo-terminal: the live view runs, and ^C typed at it becomes SIGINT.
+    import fcntl
+    import pty
+    import select
+    import termios
+    import time
+
+    def controlling_terminal() -> None:  # in the child: the pty becomes its terminal
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    leader, follower = pty.openpty()
+    os.set_blocking(leader, False)
+    process = subprocess.Popen(
+        [*COMMAND, "compare", "hi", "-m", "hanging", "-m", "steady", "--config", config],
+        stdin=follower, stdout=follower, stderr=follower, preexec_fn=controlling_terminal,
+        env={**os.environ, "COLUMNS": "100", "LINES": "30", "TERM": "xterm-256color"})
+    os.close(follower)
+    screen = b""
+
+    def read(seconds: float) -> None:
+        nonlocal screen
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            if select.select([leader], [], [], 0.1)[0]:
+                try:
+                    screen += os.read(leader, 65536)
+                except OSError:  # the child closed the terminal
+                    return
+
+    try:
+        deadline = time.monotonic() + 30
+        while b"streaming" not in screen and time.monotonic() < deadline:
+            read(0.2)
+        assert b"streaming" in screen  # the live view is up, mid-stream
+        os.write(leader, b"\x03")
+        while process.poll() is None and time.monotonic() < deadline:
+            read(0.2)  # keep reading: a full terminal buffer would block the child
+        read(0.2)
+        assert process.returncode == 130
+    finally:
+        process.kill()
+        os.close(leader)
+    final = screen.decode("utf-8", "replace")
+    assert "cancelled" in final and "interrupted: every stream was cancelled" in final
+    assert "Traceback" not in final
