@@ -1,0 +1,43 @@
+"""The public API as a typed trio app uses it: mypy --strict accepts it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mypy import api
+
+USER_CODE = '''
+import trio
+import fanout
+
+async def main() -> None:
+    endpoint = fanout.Endpoint("http://127.0.0.1:1/v1", "k", {"X-Title": "t"})
+    ask = [{"role": "user", "content": "hi"}]
+    requests = [fanout.StreamRequest(m, m, ask, {"max_tokens": 5},
+                                     tools=[{"type": "function"}]) for m in ("a", "b")]
+    retry = fanout.RetryPolicy(statuses={429})
+    deadlines = fanout.Deadlines(idle=1, total=2.5)
+    async with fanout.open_fanout(endpoint, requests, retry=retry, deadlines=deadlines,
+                                  per_model_concurrency={"a": 1}) as fan:
+        async for event in fan.events:
+            if isinstance(event, fanout.TextDelta):
+                text: str = event.text
+            elif isinstance(event, fanout.StreamFinished):
+                result: fanout.StreamResult = event.result
+                ttft: float | None = result.timings.ttft if result.timings else None
+    results: dict[str, fanout.StreamResult] = await fanout.run_fanout(endpoint, requests)
+    outcome: fanout.Outcome = results["a"].outcome
+    config: fanout.Config = fanout.load_config()
+    model: fanout.ModelConfig = config.model("fast")
+    parsed: fanout.StreamResult = fanout.parse_stream([b"data: [DONE]\\n\\n"])
+
+trio.run(main)
+'''
+
+
+def test_typed_user_code_passes_mypy_strict(tmp_path: Path) -> None:
+    source = tmp_path / "user.py"
+    source.write_text(USER_CODE)
+    out, err, status = api.run(["--strict", "--no-incremental", "--cache-dir", str(tmp_path),
+                                str(source)])
+    assert status == 0, out + err
