@@ -30,6 +30,7 @@ bench: $(STAMP)
 	$(PY) bench/parse.py
 	$(PY) bench/upstream.py
 	$(PY) bench/fanout.py
+	$(PY) bench/render.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

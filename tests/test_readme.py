@@ -16,3 +16,36 @@ def test_every_upstream_model_is_documented() -> None:
 
 def test_the_two_commands_are_stated() -> None:
     assert "make test" in README and "make demo" in README
+
+
+def test_the_config_errors_shown_are_the_real_ones() -> None:
+    import pytest
+
+    from fanout import ConfigError
+    from fanout.config import parse_config
+
+    models = ("[[models]]\nname = 'gpt-4o'\nid = 'x'\n[[models]]\nname = 'claude-sonnet'\n"
+              "id = 'y'\n")
+    broken = [
+        "[deadlines]\nidel = 3\n",
+        models + "[[models]]\nname = 'fast'\nid = 'z'\ntemperature = 0.2\n",
+        "[deadlines]\nidle = -1\n",
+    ]
+    for text in broken:
+        with pytest.raises(ConfigError) as caught:
+            parse_config(text, "fanout.toml")
+        assert f"fanout compare: {caught.value}\n" in README
+    config = parse_config("[endpoint]\nbase_url = 'https://r/v1'\n"
+                          "api_key_env = 'RELAY_API_KEY'\n" + models, "fanout.toml")
+    for call in (lambda: config.endpoint({}), lambda: config.model("gtp-4o")):
+        with pytest.raises(ConfigError) as caught:
+            call()
+        assert f"fanout compare: {caught.value}\n" in README
+
+
+def test_make_demo_is_what_the_readme_says() -> None:
+    makefile = (Path(__file__).parent.parent / "Makefile").read_text()
+    assert 'DEMO_PROMPT ?= Tell me about rivers, in a few sentences.' in makefile
+    assert 'fanout compare "$(DEMO_PROMPT)" --config config/default.toml' in makefile
+    assert ('`fanout compare "Tell me about rivers, in a few sentences." --config '
+            'config/default.toml`') in README

@@ -222,6 +222,9 @@ class CompareView:
     def __init__(self, columns: Sequence[Column], *, reasoning: bool = True) -> None:
         self.columns = list(columns)
         self.reasoning = reasoning
+        # key -> (what the column looked like, its wrapped tail): a column that did
+        # not change since the last frame is not joined, cleaned and wrapped again.
+        self._tails: dict[str, tuple[tuple[object, ...], Text]] = {}
 
     def live(self, console: Console, now: float) -> RenderableType:
         rows = self._rows(console)
@@ -258,10 +261,17 @@ class CompareView:
                              vertical="top")
         bodies: list[RenderableType] = []
         for column in row:
-            body = self.body(column)
-            if body_lines is not None:
-                body = _tail(body, console, max(inner, 1), body_lines)
-            bodies.append(body)
+            if body_lines is None:
+                bodies.append(self.body(column))
+                continue
+            width = max(inner, 1)
+            seen = (column.chunks, column.status, column.error, column.retries,
+                    tuple(column.finish_reasons()), width, body_lines)
+            cached = self._tails.get(column.key)
+            if cached is None or cached[0] != seen:
+                cached = self._tails[column.key] = (
+                    seen, _tail(self.body(column), console, width, body_lines))
+            bodies.append(cached[1])
         table.add_row(*bodies)
         return table
 
@@ -344,13 +354,16 @@ def _tool(tool: _Tool, *, finished: bool) -> Text:
 
 def _tail(text: Text, console: Console, width: int, lines: int) -> Text:
     """The last ``lines`` lines of ``text`` wrapped at ``width``: a column that scrolls."""
-    limit = width * lines * 2  # more than enough characters to fill the column
+    # A wrapped line holds at most ``width`` characters (plus the spaces a wrap
+    # drops), so this many from the end always fill the column.
+    limit = width * lines * 5 // 4 + width
     if len(text) > limit:
         text = text[len(text) - limit:]
     wrapped = text.wrap(console, width, overflow="fold")
-    if len(wrapped) <= lines:
-        return text
-    return Text("\n").join(wrapped[len(wrapped) - lines:])
+    tail = Text("\n").join(wrapped[max(len(wrapped) - lines, 0):])
+    tail.no_wrap = True  # already wrapped to fit: the table need not wrap it again
+    tail.overflow = "crop"
+    return tail
 
 
 def _seconds(value: float | None) -> str:
