@@ -83,6 +83,7 @@ class Fanout:
             raise ValueError(f"stream key {request.key!r} is already in this fan-out")
         send = self._send.clone()  # one per producer: the consumer sees the end
         runner = StreamRunner(self._client, self._endpoint, request, send,
+                              on_result=self._store,
                               **self._options)  # type: ignore[arg-type]
         self._runners[request.key] = runner
         self._nursery.start_soon(self._run, runner, send, barrier,
@@ -96,7 +97,12 @@ class Fanout:
                 await runner.run(self._limiters(runner.request.model), wait)
             finally:
                 if runner.result is not None:
-                    self.results[runner.key] = runner.result
+                    self._store(runner, runner.result)
+
+    def _store(self, runner: StreamRunner, result: StreamResult) -> None:
+        # Not for a runner that was forgotten (its key may already run again).
+        if self._runners.get(runner.key) is runner and runner.key not in self.results:
+            self.results[runner.key] = result
 
     async def submit(self, request: StreamRequest) -> None:
         """Start another stream (``accept_more=True`` fan-outs, until ``seal()``)."""
@@ -123,6 +129,17 @@ class Fanout:
             return False
         runner.cancel()
         return True
+
+    def forget(self, key: str) -> StreamResult:
+        """Drop a finished stream from ``results`` (and the fan-out's memory); return its result.
+
+        For long-running fan-outs (``accept_more=True``) that handle each result as
+        it arrives: without it, every result is kept until the block ends.  The key
+        may then be submitted again.  ``KeyError`` if the stream has not finished.
+        """
+        result = self.results.pop(key)
+        del self._runners[key]
+        return result
 
     def cancel_all(self) -> None:
         """Cancel every stream still running (what leaving the block does)."""

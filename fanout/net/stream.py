@@ -80,8 +80,10 @@ class StreamRunner:
         max_event_size: int = DEFAULT_MAX_EVENT_SIZE,
         max_response_bytes: int | None = None,
         rng: random.Random | None = None,
+        on_result: Callable[[StreamRunner, StreamResult], None] | None = None,
     ) -> None:
         self.client = client
+        self.on_result = on_result  # called with the result just before StreamFinished
         self.endpoint = endpoint
         self.request = request
         self.channel = channel
@@ -417,6 +419,8 @@ class StreamRunner:
 
     async def _send_final(self, result: StreamResult) -> None:
         self.result = result
+        if self.on_result is not None:
+            self.on_result(self, result)  # so fan.results has it when StreamFinished arrives
         await self.emit(StreamFinished(result, self.key, self.content_key))
 
 

@@ -316,6 +316,27 @@ async def test_submit_and_seal(autojump_clock: MockClock) -> None:
     assert sorted(finished) == ["a", "b"]
 
 
+async def test_forget_drops_a_finished_stream(autojump_clock: MockClock) -> None:
+    script = Script([stream(*text_steps(1, 0.5))])
+    finished = []
+    async with (script.client() as client,
+                open_fanout(ENDPOINT, client=client, accept_more=True) as fan):
+        await fan.submit(request("a"))
+        with pytest.raises(KeyError):
+            fan.forget("a")  # still running
+        async for event in fan.events:
+            if not isinstance(event, StreamFinished):
+                continue
+            finished.append(event.result)
+            assert fan.results["a"] is event.result  # there before StreamFinished arrives
+            if len(finished) == 1:
+                assert fan.forget("a") is event.result
+                assert "a" not in fan.results and not fan.running
+                await fan.submit(request("a"))  # the key is free again
+                fan.seal()
+    assert len(finished) == 2 and fan.results["a"] is finished[1]
+
+
 async def test_content_key_is_on_every_event_and_stable(autojump_clock: MockClock) -> None:
     script = Script([stream(*text_steps(2, 0.1))])
     _, events = await run(script, request("a"), request("b"))
