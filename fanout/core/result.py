@@ -137,6 +137,7 @@ class Timings:
     headers: float | None = None
     first_byte: float | None = None
     first_content: float | None = None
+    first_text: float | None = None
     last_event: float | None = None
     end: float | None = None
     gap_max: float | None = None
@@ -145,10 +146,18 @@ class Timings:
 
     @property
     def ttft(self) -> float | None:
-        """Time to first content, from the request being sent."""
+        """Time to first token (any content: text, reasoning, refusal, tool call),
+        from the request being sent."""
         if self.first_content is None or self.request_sent is None:
             return None
         return self.first_content - self.request_sent
+
+    @property
+    def ttfc(self) -> float | None:
+        """Time to first answer text (after any reasoning), from the request being sent."""
+        if self.first_text is None or self.request_sent is None:
+            return None
+        return self.first_text - self.request_sent
 
 
 @attrs.frozen(slots=True)

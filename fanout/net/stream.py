@@ -34,6 +34,7 @@ from ..core.events import (
     StreamFinished,
     StreamRetrying,
     StreamStarted,
+    TextDelta,
 )
 from ..core.parser import StreamParser
 from ..core.result import Attempt, Outcome, StreamError, StreamResult, Timings
@@ -57,7 +58,8 @@ class _AttemptEnd:
     error: StreamError | None = None
     retryable: bool = False
     retry_after: float | None = None
-    delivered: bool = False
+    delivered: bool = False  # content of any kind was delivered
+    answered: bool = False  # answer text was delivered
     timed_out: str | None = None
     body_started: bool = False
     broken: bool = False  # a transport error after a 2xx response began
@@ -296,7 +298,7 @@ class StreamRunner:
                     self._gaps.append(now - last_event)
                 last_event = now
                 self._points["last_event"] = now - (self._origin or 0.0)
-                if end.delivered:  # the hot path: no coroutine unless the buffer is full
+                if end.answered:  # the hot path: no coroutine unless the buffer is full
                     rest = self._send_ready(events)
                     if rest:
                         await self._deliver_waiting(rest)
@@ -333,6 +335,12 @@ class StreamRunner:
                     self._mark("first_content")
                     if self._attempt_deadlines.pop("first_token", None) is not None:
                         self._set_deadlines()
+                    break
+        if not end.answered:
+            for event in events:
+                if type(event) is TextDelta:
+                    end.answered = True
+                    self._mark("first_text")
                     break
         rest = self._send_ready(events)
         if rest:
@@ -396,6 +404,7 @@ class StreamRunner:
             headers=self._points.get("headers"),
             first_byte=self._points.get("first_byte"),
             first_content=self._points.get("first_content"),
+            first_text=self._points.get("first_text"),
             last_event=self._points.get("last_event"),
             end=self._points.get("end"),
             gap_max=gaps[-1] if gaps else None,

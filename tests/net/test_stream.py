@@ -316,6 +316,17 @@ async def test_submit_and_seal(autojump_clock: MockClock) -> None:
     assert sorted(finished) == ["a", "b"]
 
 
+async def test_ttft_counts_reasoning_ttfc_waits_for_the_answer(autojump_clock: MockClock) -> None:
+    reasoning = b'data: {"choices":[{"index":0,"delta":{"reasoning_content":"hmm"}}]}\n\n'
+    script = Script([stream((0.0, event(role="assistant")), (0.5, reasoning),
+                            (1.5, event("answer")), (0.0, event(finish="stop")), (0.0, DONE))])
+    results, _ = await run(script)
+    timings = results["s"].timings
+    assert timings is not None
+    assert timings.ttft == pytest.approx(0.5, abs=1e-6)
+    assert timings.ttfc == pytest.approx(2.0, abs=1e-6)
+
+
 async def test_forget_drops_a_finished_stream(autojump_clock: MockClock) -> None:
     script = Script([stream(*text_steps(1, 0.5))])
     finished = []
