@@ -35,6 +35,7 @@ class Context:
 
     cadence: float | None = None  # the server's cadence, overriding model defaults
     attempts: dict[str, int] = attrs.Factory(dict)  # conversation -> requests seen
+    streaming: dict[str, int] = attrs.Factory(dict)  # model -> its streams open now
     captures: Mapping[str, Path] = attrs.Factory(dict)
     _loaded: dict[str, Capture] = attrs.Factory(dict)
 
@@ -407,6 +408,48 @@ def _fails_first(status: int, default_times: int) -> Callable[[ChatRequest, Cont
     return plan
 
 
+def _busy(request: ChatRequest, context: Context) -> Plan:
+    """A relay's per-model concurrency limit under one key: 429 (with Retry-After)
+    while N streams of this model are open, else mock text at 5 ms a chunk."""
+    limit = max(1, int(_arg(request, 4)))
+    model = request.name
+    if context.streaming.get(model, 0) >= limit:
+        wait = request.retry_after
+        return error_plan(429, f"Rate limit reached: {limit} concurrent requests for this "
+                          f"model are allowed. Please retry after {wait:g} s.",
+                          "rate_limit_error", code="rate_limit_exceeded",
+                          headers=(("retry-after", str(max(0, round(wait)))),
+                                   ("retry-after-ms", str(int(wait * 1000)))))
+    plan = _scripted("text", 0.005, cadence_arg=False)(request, context)
+    if plan.steps is None:
+        return plan
+    context.streaming[model] = context.streaming.get(model, 0) + 1
+    return attrs.evolve(plan, steps=_Counted(plan.steps, context.streaming, model))
+
+
+class _Counted(Iterator[Step]):
+    """Steps that give their model's slot back once: at the end, or on ``close()``
+    (the server closes every plan's steps, even one it never started)."""
+
+    def __init__(self, steps: Iterable[Step], open_streams: dict[str, int], model: str) -> None:
+        self._steps = iter(steps)
+        self._open = open_streams
+        self._model = model
+        self._closed = False
+
+    def __next__(self) -> Step:
+        try:
+            return next(self._steps)
+        except StopIteration:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._open[self._model] -= 1
+
+
 def _empty_200(request: ChatRequest, context: Context) -> Plan:
     if not request.stream:
         return Plan(200, (("content-type", "application/json"),), b"")
@@ -474,6 +517,8 @@ MODELS: dict[str, ModelSpec] = {spec.id: spec for spec in [
               _fails_first(429, 2)),
     ModelSpec("fault/500-then-ok", "500 for the first K requests (:K, default 1)",
               _fails_first(500, 1)),
+    ModelSpec("fault/busy", "429 + Retry-After while N streams of it are open (:N, default 4)",
+              _busy),
     ModelSpec("fault/empty-200", "200 and an empty body", _empty_200),
 ]}
 

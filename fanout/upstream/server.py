@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hmac
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from functools import partial
 from pathlib import Path
@@ -30,6 +30,7 @@ from .plans import (
     Plan,
     RequestError,
     Send,
+    Step,
     error_plan,
     json_plan,
     parse_chat_request,
@@ -137,9 +138,18 @@ class _Upstream:
         due = trio.current_time()
         await stream.send_all(connection.send(h11.Response(status_code=plan.status,
                                                            headers=headers)) or b"")
+        try:
+            return await self._send_steps(connection, stream, plan.steps, fragmenter, due)
+        finally:
+            close = getattr(plan.steps, "close", None)
+            if close is not None:
+                close()  # a generator's cleanup runs now, even when the client left early
+
+    async def _send_steps(self, connection: h11.Connection, stream: trio.SocketStream,
+                          steps: Iterable[Step], fragmenter: Fragmenter, due: float) -> bool:
         held: list[bytes] = []  # coalesced body bytes, sent as one HTTP chunk
         held_size = 0
-        for step in plan.steps:
+        for step in steps:
             if isinstance(step, Send):
                 if fragmenter.coalesce:
                     held.append(step.data)

@@ -225,3 +225,19 @@ def test_capture_errors_name_the_file_and_field(tmp_path: Path) -> None:
     lonely.write_bytes(b"data: x\n\n")
     with pytest.raises(CaptureError, match=r"lonely.headers.txt: missing"):
         Capture.load(lonely)
+
+
+def test_busy_refuses_past_its_concurrency_and_frees_on_close() -> None:
+    context = Context()
+    first = plan_chat(request("fault/busy:2"), context)
+    second = plan_chat(request("fault/busy:2"), context)
+    assert first.status == second.status == 200
+    refused = plan_chat(request("fault/busy:2"), context)
+    assert refused.status == 429
+    assert dict(refused.headers)["retry-after-ms"] == "1000"
+    assert b"2 concurrent requests" in refused.body
+    assert first.steps is not None and second.steps is not None
+    list(first.steps)  # streamed to the end
+    assert plan_chat(request("fault/busy:2"), context).status == 200
+    second.steps.close()  # type: ignore[attr-defined]  # never started: the server dropped it
+    assert context.streaming["fault/busy"] == 1
