@@ -12,8 +12,7 @@ import contextlib
 import json
 import signal
 import sys
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -28,6 +27,7 @@ from ..config import Config, ModelConfig, load_config
 from ..core.result import Outcome
 from ..fanout import Fanout, open_fanout
 from ..request import Endpoint, StreamRequest
+from .common import open_endpoint
 from .records import event_record
 from .render import Column, CompareView, _cut, inert, summary_table
 
@@ -126,7 +126,7 @@ class _Session:
         self.interrupted = False
 
     async def run(self, endpoint: Endpoint | None) -> None:
-        async with _endpoint(endpoint) as resolved:
+        async with open_endpoint(endpoint) as resolved:
             requests = [StreamRequest(m.name, m.id, self.messages, m.params,
                                       deadlines=self.config.deadlines_for(m))
                         for m in self.models]
@@ -205,18 +205,6 @@ class _Session:
         if self.interrupted:
             console.print(Text("interrupted: every stream was cancelled; what arrived is "
                                "shown above", style="bold yellow"))
-
-
-@asynccontextmanager
-async def _endpoint(endpoint: Endpoint | None) -> AsyncIterator[Endpoint]:
-    """The configured endpoint, or the embedded upstream started in-process for the run."""
-    if endpoint is not None:
-        yield endpoint
-        return
-    from ..upstream import open_upstream  # only when the config asks for it
-
-    async with open_upstream() as upstream:
-        yield Endpoint(upstream.base_url)
 
 
 def _silence_stdout() -> None:

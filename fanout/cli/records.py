@@ -124,7 +124,13 @@ def result_record(result: StreamResult) -> dict[str, Any]:
 
 
 def metrics(result: StreamResult) -> dict[str, Any]:
-    """Latency and throughput of one stream, in seconds (``None`` when unknown)."""
+    """Latency and throughput of one stream, in seconds (``None`` when unknown).
+
+    From the request being sent: ``ttfb`` (first body byte), ``ttft`` (first token
+    of any kind, reasoning included), ``ttfc`` (first answer text), ``e2e_latency``
+    (the end).  ``queue_wait``: for a concurrency slot.  ``generation_time``: first
+    token to last event.  ``gap_*``: between events.  ``chunks``: SSE events.
+    """
     t = result.timings or Timings()
     rate, estimated = tokens_per_second(result)
     sent = t.request_sent
@@ -132,8 +138,9 @@ def metrics(result: StreamResult) -> dict[str, Any]:
         "queue_wait": t.queued,
         "ttfb": _since(t.first_byte, sent),
         "ttft": t.ttft,
+        "ttfc": t.ttfc,
         "e2e_latency": _since(t.end, sent),
-        "generation_time": _since(t.last_event, t.first_content),
+        "generation_time": _since(t.last_event, t.first_content, floor=0.0),
         "gap_max": t.gap_max,
         "gap_p95": t.gap_p95,
         "chunks": result.events,
@@ -167,8 +174,11 @@ def tokens_per_second(result: StreamResult) -> tuple[float | None, bool]:
     return (tokens - 1) / seconds, estimated  # the first token arrives at the start
 
 
-def _since(end: float | None, start: float | None) -> float | None:
-    return None if end is None or start is None else end - start
+def _since(end: float | None, start: float | None, *, floor: float | None = None
+           ) -> float | None:
+    if end is None or start is None:
+        return None
+    return end - start if floor is None else max(floor, end - start)
 
 
 def _usage(usage: Usage | None) -> dict[str, Any] | None:

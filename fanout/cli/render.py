@@ -34,6 +34,7 @@ from ..core.events import (
     UsageReported,
 )
 from ..core.result import Outcome, StreamResult
+from .common import format_seconds
 from .records import tokens_per_second
 
 __all__ = ["Column", "CompareView", "inert"]
@@ -302,7 +303,7 @@ class CompareView:
         header.append(" · " if one_line else "\n")
         ttft = column.ttft()
         rate, estimated = column.rate(now)
-        header.append(f"TTFT {_seconds(ttft)}", "")
+        header.append(f"TTFT {format_seconds(ttft)}", "")
         header.append(f" · {'≈' if estimated and rate is not None else ''}"
                       f"{'-' if rate is None else f'{rate:.0f}'} tok/s")
         header.append(f" · {column.elapsed(now):.1f}s")
@@ -366,12 +367,6 @@ def _tail(text: Text, console: Console, width: int, lines: int) -> Text:
     return tail
 
 
-def _seconds(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value * 1000:.0f}ms" if value < 1 else f"{value:.2f}s"
-
-
 def _cut(text: str, limit: int) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[:limit - 1] + "…"
@@ -393,7 +388,7 @@ def summary_table(columns: Iterable[Column], now: float) -> Table:
             Text(inert(column.key)), Text(column.status, STATUS_STYLES.get(
                 column.status.split(" (")[0], "")),
             Text(inert(reasons), FINISH_STYLES.get(reasons, "bold magenta")),
-            _seconds(column.ttft()),
+            format_seconds(column.ttft()),
             "-" if rate is None else f"{'≈' if estimated else ''}{rate:.0f}",
             "-" if tokens is None else str(tokens), str(chars),
             f"{column.elapsed(now):.2f}s")

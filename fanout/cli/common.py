@@ -1,0 +1,30 @@
+"""What the commands share: the endpoint (or the embedded upstream), number formats."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from ..request import Endpoint
+
+__all__ = ["format_seconds", "open_endpoint"]
+
+
+@asynccontextmanager
+async def open_endpoint(endpoint: Endpoint | None) -> AsyncIterator[Endpoint]:
+    """The configured endpoint, or (``None``) the embedded upstream, started in-process
+    on a free loopback port for the length of the block."""
+    if endpoint is not None:
+        yield endpoint
+        return
+    from ..upstream import open_upstream  # only when the config asks for it
+
+    async with open_upstream() as upstream:
+        yield Endpoint(upstream.base_url)
+
+
+def format_seconds(value: float | None) -> str:
+    """``-``, ``850ms`` or ``2.41s``."""
+    if value is None:
+        return "-"
+    return f"{value * 1000:.0f}ms" if value < 1 else f"{value:.2f}s"
