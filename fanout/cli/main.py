@@ -1,4 +1,4 @@
-"""``fanout``: the command line (``compare``, ``mock``).
+"""``fanout``: the command line (``compare``, ``batch``, ``report``, ``mock``).
 
 Only this package imports rich: the library itself never draws anything.
 """
@@ -44,6 +44,38 @@ def _parser() -> argparse.ArgumentParser:
                          help="JSON Lines on stdout: one object per event, one per result")
     compare.add_argument("--no-reasoning", dest="reasoning", action="store_false",
                          help="hide reasoning text")
+
+    batch = commands.add_parser(
+        "batch", help="prompts x models x samples into a results file, resumable",
+        description="Run every prompt of PROMPTS.jsonl against every model (or each -m), "
+                    "K samples each, writing one JSON line per finished stream to RESULTS. "
+                    "Running the same command again skips what completed and redoes the "
+                    "rest. Exit status: 0 when everything completed, 1 otherwise, 2 for bad "
+                    "usage or input, 130 after Ctrl-C.")
+    batch.add_argument("prompts", metavar="PROMPTS.jsonl",
+                       help='one JSON object a line: {"id": ..., "prompt": "..."} or '
+                            '{"id": ..., "messages": [...]}, optional system, params, tools')
+    batch.add_argument("-m", "--model", dest="models", action="append", default=[],
+                       metavar="NAME", help="a model of the config (repeat; default: all)")
+    batch.add_argument("-o", "--output", required=True, metavar="RESULTS.jsonl",
+                       help="results file (appended to; resumed from)")
+    batch.add_argument("--samples", type=int, default=1, metavar="K",
+                       help="samples per prompt and model (default 1)")
+    batch.add_argument("--concurrency", type=int, metavar="N",
+                       help="streams in flight (default: the config's [concurrency] max, else 32)")
+    batch.add_argument("--per-model-concurrency", type=int, metavar="N",
+                       help="streams in flight per model, at most (lowered on 429s, then "
+                            "raised back)")
+    batch.add_argument("--shard", metavar="I/N",
+                       help="run only shard I of N (0-based; a hash of each stream's key)")
+    batch.add_argument("--config", metavar="FILE", help="config file (as for compare)")
+
+    report = commands.add_parser(
+        "report", help="per-model summary of a results file",
+        description="Summarize a results file of fanout batch, per model: outcomes, TTFT, "
+                    "tokens/s, tokens, 429s. The latest record of each stream counts.")
+    report.add_argument("results", metavar="RESULTS.jsonl")
+    report.add_argument("--json", action="store_true", help="JSON instead of a table")
 
     mock = commands.add_parser(
         "mock", help="serve the embedded OpenAI-compatible upstream",
@@ -122,6 +154,23 @@ def _compare(args: argparse.Namespace) -> int:
         json=args.json, reasoning=args.reasoning))
 
 
+def _batch(args: argparse.Namespace) -> int:
+    from .batch import BatchOptions, run_batch
+    from .results import parse_shard
+
+    shard = None
+    if args.shard is not None:
+        try:
+            shard = parse_shard(args.shard)
+        except ValueError as exc:
+            print(f"fanout batch: {exc}", file=sys.stderr)
+            return 2
+    return run_batch(BatchOptions(
+        prompts=args.prompts, output=args.output, models=tuple(args.models),
+        samples=args.samples, concurrency=args.concurrency,
+        per_model_concurrency=args.per_model_concurrency, shard=shard, config=args.config))
+
+
 def _only(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
     """``exc`` (or the first leaf of the group) if it, or its whole group, is ``kind``."""
     if isinstance(exc, BaseExceptionGroup):
@@ -159,6 +208,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _mock(args)
     if args.command == "compare":
         return _compare(args)
+    if args.command == "batch":
+        return _batch(args)
+    if args.command == "report":
+        from .batch import report
+
+        return report(args.results, as_json=args.json)
     raise AssertionError(f"unhandled command {args.command!r}")  # pragma: no cover
 
 

@@ -1,0 +1,343 @@
+"""`fanout batch` and `fanout report` end to end against the embedded upstream."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fanout.cli.batch import BatchOptions, run_batch
+from fanout.cli.main import main
+from fanout.cli.results import work_key
+
+COMMAND = [sys.executable, "-m", "fanout.cli.main"]
+
+CONFIG = """
+[endpoint]
+base_url = "embedded"
+
+[deadlines]
+idle = 3
+total = 30
+
+[concurrency]
+max = 16
+per_model = 8
+
+[[models]]
+name = "fast"
+id = "mock/fast"
+
+[[models]]
+name = "echo"
+id = "mock/echo"
+
+[[models]]
+name = "short"
+id = "mock/length"
+params = { max_tokens = 5 }
+
+[[models]]
+name = "tools"
+id = "mock/tools"
+
+[[models]]
+name = "flaky"
+id = "fault/truncate:3"
+
+[[models]]
+name = "stalled"
+id = "fault/heartbeat-stall:2"
+deadlines = { idle = 0.5 }
+
+[[models]]
+name = "busy"
+id = "fault/busy:2"
+
+[[models]]
+name = "slow"
+id = "mock/slow:0.02"
+"""
+
+EXPECTED = {"fast": "completed", "echo": "completed", "short": "completed",
+            "tools": "completed", "flaky": "truncated", "stalled": "timed_out"}
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> str:
+    path = tmp_path / "fanout.toml"
+    path.write_text(CONFIG)
+    return str(path)
+
+
+def prompts_file(tmp_path: Path, count: int, name: str = "prompts.jsonl") -> str:
+    path = tmp_path / name
+    with path.open("w") as file:
+        for i in range(count):
+            line: dict[str, Any] = {"id": f"q{i}", "prompt": f"Question number {i}?"}
+            if i % 3 == 0:
+                line = {"id": i, "messages": [{"role": "user", "content": f"Question {i}"}],
+                        "system": "Answer briefly.", "params": {"temperature": 0.5}}
+            file.write(json.dumps(line) + "\n")
+    return str(path)
+
+
+def batch(prompts: str, output: str, config: str, *models: str,
+          **options: Any) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    status = run_batch(BatchOptions(prompts=prompts, output=output, models=models,
+                                    config=config, **options),
+                       stdout=out, stderr=err, environ={})
+    return status, out.getvalue(), err.getvalue()
+
+
+def records(path: str) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as file:
+        return [json.loads(line) for line in file]
+
+
+def latest(path: str) -> dict[str, dict[str, Any]]:
+    return {work_key(r["id"], r["model"], r["sample"]): r for r in records(path)}
+
+
+def test_every_unit_of_work_once_with_its_outcome(tmp_path: Path, config: str) -> None:
+    prompts = prompts_file(tmp_path, 6)
+    output = str(tmp_path / "results.jsonl")
+    status, out, err = batch(prompts, output, config, *EXPECTED, samples=2)
+    assert status == 1  # some models fail by design
+    rows = records(output)
+    keys = Counter(work_key(r["id"], r["model"], r["sample"]) for r in rows)
+    assert len(keys) == 6 * len(EXPECTED) * 2 and set(keys.values()) == {1}
+    for row in rows:
+        assert row["outcome"] == EXPECTED[row["model"]], row
+        assert row["sample"] in (0, 1)
+        assert list(row)[:4] == ["id", "model", "sample", "outcome"]
+        metrics = row["metrics"]
+        assert metrics["queue_wait"] >= 0 and metrics["e2e_latency"] > 0
+        assert metrics["chunks"] >= 1 and metrics["output_chars"] > 0
+    ids = {r["id"] for r in rows}
+    assert ids == {0, "q1", "q2", 3, "q4", "q5"}  # ids kept as given
+    fast = next(r for r in rows if r["model"] == "fast")
+    assert fast["usage"]["completion_tokens"] > 0 and fast["finish_reason"] == "stop"
+    assert fast["metrics"]["ttft"] > 0 and fast["metrics"]["ttfc"] > 0
+    assert fast["metrics"]["tokens_estimated"] is False
+    short = next(r for r in rows if r["model"] == "short")
+    assert short["finish_reason"] == "length" and short["outcome"] == "completed"
+    tools = next(r for r in rows if r["model"] == "tools")
+    calls = tools["choices"][0]["tool_calls"]
+    assert [c["name"] for c in calls] == ["get_weather", "get_time"]
+    assert all(c["valid_json"] for c in calls)
+    flaky = next(r for r in rows if r["model"] == "flaky")
+    assert flaky["text"] and flaky["error"]["message"]  # partial output and why
+    stalled = next(r for r in rows if r["model"] == "stalled")
+    assert stalled["timed_out"] == "idle"
+    echo = next(r for r in rows if r["model"] == "echo" and r["id"] == 0)
+    assert echo["text"] == "Question 0"  # messages + system were sent as given
+    assert "72 streams: 6 prompts x 6 models x 2 samples; 0 already completed, 72 to run" in err
+    assert "24 of 72 streams are not completed" in err
+    for model in EXPECTED:
+        assert f" {model} " in out  # the summary table
+    assert "\x1b" not in out
+
+
+def test_resume_skips_completed_and_redoes_the_rest(tmp_path: Path, config: str) -> None:
+    prompts = prompts_file(tmp_path, 4)
+    output = str(tmp_path / "results.jsonl")
+    batch(prompts, output, config, "fast", "flaky")
+    first = records(output)
+    assert len(first) == 8
+    status, _, err = batch(prompts, output, config, "fast", "flaky")
+    assert status == 1
+    assert "8 streams: 4 prompts x 2 models x 1 samples; 4 already completed, 4 to run" in err
+    rows = records(output)
+    assert rows[:8] == first  # appended, never rewritten
+    assert Counter(r["model"] for r in rows[8:]) == {"flaky": 4}
+    # Only the latest counts: the report sees 4 flaky runs, not 8.
+    out = io.StringIO()
+    from fanout.cli.batch import report
+    assert report(output, as_json=True, stdout=out) == 0
+    summary = json.loads(out.getvalue())
+    assert summary["flaky"]["runs"] == 4 and summary["fast"]["completed"] == 4
+
+
+def test_a_changed_prompt_or_param_is_redone(tmp_path: Path, config: str) -> None:
+    prompts = prompts_file(tmp_path, 3)
+    output = str(tmp_path / "results.jsonl")
+    assert batch(prompts, output, config, "fast")[0] == 0
+    lines = Path(prompts).read_text().splitlines()
+    lines[1] = json.dumps({"id": "q1", "prompt": "A different question"})
+    Path(prompts).write_text("\n".join(lines) + "\n")
+    status, _, err = batch(prompts, output, config, "fast")
+    assert status == 0
+    assert "2 already completed, 1 to run (1 changed since completed)" in err
+    assert [r["id"] for r in records(output)][3:] == ["q1"]
+
+
+def test_a_torn_last_line_from_a_crash(tmp_path: Path, config: str) -> None:
+    prompts = prompts_file(tmp_path, 3)
+    output = tmp_path / "results.jsonl"
+    assert batch(prompts, str(output), config, "fast")[0] == 0
+    whole = output.read_bytes()
+    lines = whole.splitlines(keepends=True)
+    output.write_bytes(b"".join(lines[:2]) + lines[2][:40])  # the third record, torn
+    status, _, err = batch(prompts, str(output), config, "fast")
+    assert status == 0
+    assert "ignored a torn last line (40 bytes, from an interrupted run)" in err
+    assert "2 already completed, 1 to run" in err
+    rows = records(str(output))  # every line parses again
+    assert len(rows) == 3 and rows[:2] == [json.loads(line) for line in lines[:2]]
+
+
+def test_rate_limits_lower_the_concurrency_and_still_complete(tmp_path: Path,
+                                                               config: str) -> None:
+    prompts = prompts_file(tmp_path, 24)
+    output = str(tmp_path / "results.jsonl")
+    status, _, err = batch(prompts, output, config, "busy", per_model_concurrency=8)
+    assert status == 0, err
+    rows = records(output)
+    assert len(rows) == 24 and {r["outcome"] for r in rows} == {"completed"}
+    limited = sum(r["rate_limited"] for r in rows)
+    assert limited > 0
+    assert sum(r["retry_wait"] for r in rows) > 0
+    line = next(line for line in err.splitlines() if line.startswith("fanout batch: busy: "))
+    assert f"busy: {limited} 429s; concurrency went down to " in line
+    lowest = int(line.split("went down to ")[1].split()[0])
+    assert lowest < 8
+
+
+def test_bad_prompts_stop_the_run_before_anything_is_sent(tmp_path: Path, config: str) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "ok"}\n{"id": "a", "prompt": "dup"}\n{"prompt": 1}\n')
+    output = tmp_path / "results.jsonl"
+    status, out, err = batch(str(prompts), str(output), config, "fast")
+    assert status == 2 and out == ""
+    assert err.splitlines() == [
+        f"fanout batch: {prompts}:2: duplicate id 'a' (first on line 1)",
+        f"fanout batch: {prompts}:3: missing id",
+        f"fanout batch: {prompts}: 2 bad lines; nothing was sent",
+    ]
+    assert not output.exists()
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"samples": 0}, "--samples must be >= 1, not 0"),
+    ({"concurrency": 0}, "--concurrency must be >= 1, not 0"),
+    ({"models": ("nope",)}, "no model named 'nope'"),
+])
+def test_bad_options(tmp_path: Path, config: str, options: dict[str, Any], message: str) -> None:
+    prompts = prompts_file(tmp_path, 1)
+    models = options.pop("models", ("fast",))
+    status, _, err = batch(prompts, str(tmp_path / "r.jsonl"), config, *models, **options)
+    assert status == 2 and message in err
+
+
+def test_shards_run_disjoint_slices_that_merge_by_concatenation(tmp_path: Path,
+                                                                config: str) -> None:
+    prompts = prompts_file(tmp_path, 10)
+    parts = []
+    for index in range(3):
+        output = str(tmp_path / f"shard{index}.jsonl")
+        assert batch(prompts, output, config, "fast", "echo", shard=(index, 3))[0] == 0
+        parts.append({work_key(r["id"], r["model"], r["sample"]) for r in records(output)})
+    assert sum(map(len, parts)) == 20 and len(set().union(*parts)) == 20
+
+
+def test_the_results_load_in_pandas_and_duckdb(tmp_path: Path, config: str) -> None:
+    import duckdb
+    import pandas
+    prompts = prompts_file(tmp_path, 4)
+    output = str(tmp_path / "results.jsonl")
+    batch(prompts, output, config, "fast", "tools", "flaky")
+    frame = pandas.read_json(output, lines=True)
+    assert len(frame) == 12 and {"id", "model", "sample", "outcome", "metrics"} <= set(frame)
+    rows = duckdb.sql(f"select model, count(*), count(metrics.ttft) from read_json_auto('{output}') "
+                      "group by model order by model").fetchall()
+    assert rows == [("fast", 4, 4), ("flaky", 4, 4), ("tools", 4, 4)]
+
+
+def test_the_command_line(tmp_path: Path, config: str, capsys: pytest.CaptureFixture[str]) -> None:
+    prompts = prompts_file(tmp_path, 2)
+    output = str(tmp_path / "results.jsonl")
+    assert main(["batch", prompts, "-m", "fast", "-o", output, "--config", config,
+                 "--samples", "2", "--shard", "0/1"]) == 0
+    assert len(records(output)) == 4
+    assert main(["batch", prompts, "-o", output, "--shard", "2/2", "--config", config]) == 2
+    assert "--shard '2/2': I must be in 0..N-1" in capsys.readouterr().err
+    assert main(["report", output]) == 0
+    assert " fast " in capsys.readouterr().out
+    assert main(["report", str(tmp_path / "missing.jsonl")]) == 2
+
+
+# ---------------------------------------------------------------- subprocesses
+
+def _start(tmp_path: Path, config: str, count: int) -> tuple[subprocess.Popen[str], Path]:
+    prompts = prompts_file(tmp_path, count)
+    output = tmp_path / "results.jsonl"
+    process = subprocess.Popen(
+        [*COMMAND, "batch", prompts, "-m", "slow", "-m", "fast", "-o", str(output),
+         "--config", config, "--concurrency", "6"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return process, output
+
+
+def _wait_for_lines(output: Path, count: int, process: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and process.poll() is None:
+        if output.exists() and output.read_bytes().count(b"\n") >= count:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{output} never reached {count} lines")
+
+
+def test_sigkill_mid_run_then_resume(tmp_path: Path, config: str) -> None:
+    process, output = _start(tmp_path, config, 40)
+    try:
+        _wait_for_lines(output, 12, process)
+        process.kill()  # SIGKILL: no cleanup at all
+        process.communicate(timeout=30)
+    finally:
+        process.kill()
+    before = output.read_bytes()
+    whole = before[:before.rfind(b"\n") + 1]
+    done_before = {work_key(r["id"], r["model"], r["sample"])
+                   for r in map(json.loads, whole.splitlines()) if r["outcome"] == "completed"}
+    assert 12 <= len(done_before) < 80
+    status, _, err = batch(str(tmp_path / "prompts.jsonl"), str(output), config, "slow", "fast",
+                           concurrency=6)
+    assert status == 0, err
+    rows = records(str(output))
+    completed = Counter(work_key(r["id"], r["model"], r["sample"])
+                        for r in rows if r["outcome"] == "completed")
+    assert len(completed) == 80  # 0 lost
+    assert set(completed.values()) == {1}  # 0 completed work redone, 0 duplicates
+    assert f"{len(done_before)} already completed, {80 - len(done_before)} to run" in err
+    assert output.read_bytes().startswith(whole)  # earlier lines untouched
+
+
+def test_ctrl_c_records_the_streams_in_flight_as_cancelled(tmp_path: Path, config: str) -> None:
+    process, output = _start(tmp_path, config, 40)
+    try:
+        _wait_for_lines(output, 6, process)
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == 130, err
+    assert "Traceback" not in err
+    assert "interrupted: the streams in flight were recorded as cancelled" in err
+    assert " slow " in out  # the summary was printed
+    rows = records(str(output))
+    cancelled = [r for r in rows if r["outcome"] == "cancelled"]
+    assert cancelled and all(r["model"] == "slow" for r in cancelled)
+    assert any(r["text"] for r in cancelled)  # partial output kept
+    assert len(rows) < 80  # nothing new was submitted after Ctrl-C
+    assert os.path.getsize(output) == len(output.read_bytes())

@@ -1,0 +1,309 @@
+"""The pieces of `fanout batch`: prompts file, results file, shards, AIMD, report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import trio
+from trio.testing import MockClock
+
+from fanout.cli.batch import plan_work
+from fanout.cli.prompts import PromptFileError, load_prompts
+from fanout.cli.ratelimit import AdaptiveLimit
+from fanout.cli.report import _percentile, model_summary
+from fanout.cli.results import (
+    ResultsWriter,
+    parse_shard,
+    read_results,
+    shard_of,
+    work_key,
+)
+from fanout.config import parse_config
+
+CONFIG = parse_config("[endpoint]\nbase_url = 'embedded'\n"
+                      "[[models]]\nname = 'a'\nid = 'mock/fast'\n"
+                      "[[models]]\nname = 'b'\nid = 'mock/echo'\nparams = { max_tokens = 5 }\n")
+
+
+def write_lines(path: Path, *lines: str) -> Path:
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+# -------------------------------------------------------------------- prompts
+
+def test_prompts_in_both_shapes(tmp_path: Path) -> None:
+    path = write_lines(
+        tmp_path / "p.jsonl",
+        json.dumps({"id": "q1", "prompt": "Hi?", "expected": "ignored"}),
+        "",
+        json.dumps({"id": 2, "messages": [{"role": "user", "content": "Yo"}], "system": "Be brief.",
+                    "params": {"temperature": 0}, "tools": [{"type": "function"}]}),
+    )
+    first, second = load_prompts(path)
+    assert (first.id, first.messages, first.line) == ("q1", ({"role": "user", "content": "Hi?"},), 1)
+    assert second.messages[0] == {"role": "system", "content": "Be brief."}
+    assert second.params == {"temperature": 0} and second.tools == ({"type": "function"},)
+    assert second.line == 3
+
+
+def test_every_bad_line_is_reported_with_its_number(tmp_path: Path) -> None:
+    path = write_lines(
+        tmp_path / "p.jsonl",
+        json.dumps({"id": "ok", "prompt": "fine"}),
+        '{"id": "broken", "prompt": ',
+        json.dumps({"prompt": "no id"}),
+        json.dumps({"id": "ok", "prompt": "again"}),
+        json.dumps({"id": "both", "prompt": "x", "messages": [{"role": "user", "content": "y"}]}),
+        json.dumps({"id": "none"}),
+        json.dumps({"id": True, "prompt": "x"}),
+        json.dumps({"id": "m", "messages": []}),
+        json.dumps({"id": "r", "messages": [{"content": "x"}]}),
+        json.dumps({"id": "p", "prompt": "x", "params": {"stream": False}}),
+        json.dumps({"id": "t", "prompt": "x", "tools": {"type": "function"}}),
+        json.dumps(["not", "an", "object"]),
+        json.dumps({"id": "e", "prompt": "   "}),
+        json.dumps({"id": 1, "prompt": "int id"}),
+        json.dumps({"id": "1", "prompt": "the same id as a string"}),
+    )
+    with pytest.raises(PromptFileError) as caught:
+        load_prompts(path)
+    name = str(path)
+    assert caught.value.problems == [
+        f"{name}:2: bad JSON: Expecting value (column 28)",
+        f"{name}:3: missing id",
+        f"{name}:4: duplicate id 'ok' (first on line 1)",
+        f"{name}:5: has both prompt and messages: give one",
+        f"{name}:6: needs exactly one of prompt or messages",
+        f"{name}:7: id must be a non-empty string or an integer, not true",
+        f"{name}:8: messages must be a non-empty list, not a list",
+        f"{name}:9: messages[0].role must be a string, not null",
+        f"{name}:10: params must not set 'stream'",
+        f"{name}:11: tools must be a list of objects, not an object",
+        f"{name}:12: must be a JSON object, not a list",
+        f"{name}:13: prompt must be a non-empty string, not '   '",
+        f"{name}:15: duplicate id '1' (first on line 14)",
+    ]
+    assert str(caught.value) == f"{name}: 13 bad lines"
+
+
+def test_unreadable_prompt_files(tmp_path: Path) -> None:
+    with pytest.raises(PromptFileError, match="no such file"):
+        load_prompts(tmp_path / "missing.jsonl")
+    (tmp_path / "empty.jsonl").write_text("\n\n")
+    with pytest.raises(PromptFileError) as caught:
+        load_prompts(tmp_path / "empty.jsonl")
+    assert caught.value.problems == [f"{tmp_path / 'empty.jsonl'}: no prompts (the file is empty)"]
+    (tmp_path / "latin1.jsonl").write_bytes(b'{"id": "x", "prompt": "caf\xe9"}\n')
+    with pytest.raises(PromptFileError) as caught:
+        load_prompts(tmp_path / "latin1.jsonl")
+    assert caught.value.problems == [f"{tmp_path / 'latin1.jsonl'}:1: not UTF-8 text"]
+
+
+def test_many_bad_lines_are_listed_up_to_a_limit(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "p.jsonl", *["{"] * 80)
+    with pytest.raises(PromptFileError) as caught:
+        load_prompts(path)
+    assert len(caught.value.problems) == 51 and caught.value.total == 80
+    assert caught.value.problems[-1].endswith("... and 30 more bad lines")
+
+
+# ------------------------------------------------------------ work and shards
+
+def test_work_is_every_prompt_model_and_sample(tmp_path: Path) -> None:
+    prompts = load_prompts(write_lines(tmp_path / "p.jsonl",
+                                       *(json.dumps({"id": f"q{i}", "prompt": f"p{i}"})
+                                         for i in range(5))))
+    work = plan_work(prompts, CONFIG.models, 3, CONFIG)
+    assert len(work) == 5 * 2 * 3 and len({w.key for w in work}) == 30
+    assert work[0].request(CONFIG).params == {}
+    assert work[3].request(CONFIG).params == {"max_tokens": 5}  # model b's params
+    # The content key is stable across runs (the embedded port is not in it) and
+    # changes with what is asked.
+    again = plan_work(prompts, CONFIG.models, 3, CONFIG)
+    assert [w.content_key for w in work] == [w.content_key for w in again]
+    assert len({w.content_key for w in work}) == 10  # samples share theirs
+
+
+@pytest.mark.parametrize("shards", [1, 2, 3, 7])
+def test_shards_partition_the_work_exactly(tmp_path: Path, shards: int) -> None:
+    prompts = load_prompts(write_lines(tmp_path / "p.jsonl",
+                                       *(json.dumps({"id": i, "prompt": "x"}) for i in range(40))))
+    everything = {w.key for w in plan_work(prompts, CONFIG.models, 2, CONFIG)}
+    parts = [{w.key for w in plan_work(prompts, CONFIG.models, 2, CONFIG, (i, shards))}
+             for i in range(shards)]
+    assert sum(len(p) for p in parts) == len(everything) == 160
+    assert set().union(*parts) == everything
+    if shards > 1:
+        assert all(parts)  # every shard gets some of 160
+
+
+def test_shard_of_is_a_fixed_hash() -> None:
+    key = work_key("q1", "a", 0)
+    assert key == '["q1", "a", 0]' == work_key("q1", "a", 0)
+    assert work_key(1, "a", 0) == work_key("1", "a", 0)
+    assert shard_of(key, 1000) == 559  # sha256, the same on every machine
+
+
+@pytest.mark.parametrize(("text", "error"), [
+    ("0/4", None), ("3/4", None), ("4/4", "I must be in 0..N-1"), ("-1/4", "I must be in"),
+    ("1", "expected I/N"), ("a/b", "expected I/N"), ("0/0", "N >= 1"),
+])
+def test_parse_shard(text: str, error: str | None) -> None:
+    if error is None:
+        assert parse_shard(text) == tuple(map(int, text.split("/")))
+    else:
+        with pytest.raises(ValueError, match=error):
+            parse_shard(text)
+
+
+# --------------------------------------------------------------- results file
+
+def record(prompt_id: str, outcome: str = "completed", **extra: object) -> dict[str, object]:
+    return {"id": prompt_id, "model": "a", "sample": 0, "outcome": outcome, **extra}
+
+
+def test_the_latest_record_of_a_key_counts(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in (
+        record("q1", "error"), record("q2"), record("q1", "completed"))))
+    existing = read_results(path)
+    assert existing.records == 3 and existing.torn_bytes == 0 and not existing.bad_lines
+    assert existing.latest[work_key("q1", "a", 0)]["outcome"] == "completed"
+    assert list(existing.latest) == [work_key("q2", "a", 0), work_key("q1", "a", 0)]
+
+
+def test_a_torn_last_line_is_ignored_then_cut(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl"
+    whole = json.dumps(record("q1")) + "\n" + json.dumps(record("q2")) + "\n"
+    torn = json.dumps(record("q3"))[:25]
+    path.write_text(whole + torn)
+    existing = read_results(path)
+    assert set(existing.latest) == {work_key("q1", "a", 0), work_key("q2", "a", 0)}
+    assert existing.torn_bytes == len(torn) and existing.valid_size == len(whole)
+    writer = ResultsWriter(path, existing)
+    writer.write(record("q3"))
+    writer.close()
+    assert path.read_text() == whole + json.dumps(record("q3"), separators=(",", ":")) + "\n"
+
+
+def test_a_whole_unterminated_last_record_is_kept(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps(record("q1")) + "\n" + json.dumps(record("q2")))
+    existing = read_results(path)
+    assert len(existing.latest) == 2 and existing.torn_bytes == 0
+    writer = ResultsWriter(path, existing)
+    writer.write(record("q3"))
+    writer.close()
+    lines = path.read_text().splitlines()
+    assert [json.loads(line)["id"] for line in lines] == ["q1", "q2", "q3"]
+
+
+def test_garbage_lines_are_skipped_never_fatal(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps(record("q1")) + "\nnot json\n" + '{"no": "fields"}\n'
+                    + json.dumps(record("q2")) + "\n")
+    existing = read_results(path)
+    assert existing.bad_lines == [2, 3] and len(existing.latest) == 2
+
+
+def test_a_missing_file_is_empty(tmp_path: Path) -> None:
+    existing = read_results(tmp_path / "none.jsonl")
+    assert existing.records == 0 and not existing.latest
+
+
+def test_the_writer_survives_what_orjson_refuses(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl"
+    writer = ResultsWriter(path, read_results(path))
+    writer.write(record("big", parsed=2**70))
+    writer.sync()
+    writer.close()
+    assert json.loads(path.read_text())["parsed"] == 2**70
+
+
+def test_writing_into_a_missing_directory_fails_clearly(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="no such directory"):
+        ResultsWriter(tmp_path / "nope" / "r.jsonl", read_results(tmp_path / "x"))
+
+
+# ----------------------------------------------------------------------- AIMD
+
+async def test_a_429_halves_once_per_cooldown(autojump_clock: MockClock) -> None:
+    limit = AdaptiveLimit(16, cooldown=1.0)
+    now = trio.current_time()
+    limit.rate_limited_now(now, 2.0)
+    limit.rate_limited_now(now + 0.1, 2.0)  # the same burst: no second halving
+    assert (limit.limit, limit.rate_limited, limit.decreases) == (8, 2, 1)
+    limit.rate_limited_now(now + 1.5, None)
+    assert limit.limit == 4
+    for _ in range(5):
+        limit.rate_limited_now(trio.current_time() + 100, None)
+        await trio.sleep(2)
+    assert limit.limit == 1 and limit.lowest == 1  # never below the minimum
+
+
+async def test_successes_add_one_slot_per_window(autojump_clock: MockClock) -> None:
+    limit = AdaptiveLimit(8)
+    limit.rate_limited_now(trio.current_time(), None)
+    assert limit.limit == 4
+    for _ in range(3):
+        limit.succeeded()
+    assert limit.limit == 4
+    limit.succeeded()
+    assert limit.limit == 5  # after 4 successes at a limit of 4
+    for _ in range(100):
+        limit.succeeded()
+    assert limit.limit == 8 == limit.maximum  # never above the cap
+
+
+async def test_lowering_the_limit_never_takes_a_slot_back(autojump_clock: MockClock) -> None:
+    limit = AdaptiveLimit(4)
+    for borrower in range(4):
+        limit.limiter.acquire_on_behalf_of_nowait(borrower)
+    limit.rate_limited_now(trio.current_time(), None)
+    assert limit.limit == 2 and limit.limiter.borrowed_tokens == 4  # running streams run on
+    for borrower in range(2):
+        limit.limiter.release_on_behalf_of(borrower)
+    with pytest.raises(trio.WouldBlock):
+        limit.limiter.acquire_on_behalf_of_nowait("new")  # 2 borrowed, 2 allowed
+    limit.limiter.release_on_behalf_of(2)
+    limit.limiter.acquire_on_behalf_of_nowait("new")  # 1 borrowed: room for one
+
+
+async def test_a_429_pauses_submissions_for_its_wait(autojump_clock: MockClock) -> None:
+    limit = AdaptiveLimit(4)
+    start = trio.current_time()
+    limit.rate_limited_now(start, 3.0)
+    await limit.wait_if_paused()
+    assert trio.current_time() - start == pytest.approx(3.0)
+    assert limit.paused == pytest.approx(3.0)
+    await limit.wait_if_paused()  # no pause running: no wait
+    assert trio.current_time() - start == pytest.approx(3.0)
+
+
+# --------------------------------------------------------------------- report
+
+def test_percentiles() -> None:
+    assert _percentile([], 50) is None
+    assert _percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert _percentile([float(i) for i in range(1, 101)], 95) == 95.0
+    assert _percentile([1.0], 95) == 1.0
+
+
+def test_the_summary_counts_latest_outcomes_and_every_429() -> None:
+    def r(pid: str, outcome: str, ttft: float | None, **extra: object) -> dict[str, object]:
+        return record(pid, outcome, metrics={"ttft": ttft, "tokens_per_second": 10.0},
+                      usage={"prompt_tokens": 3, "completion_tokens": 7}, **extra)
+
+    rows = [r("q1", "error", None, rate_limited=3, retry_wait=3.0),
+            r("q1", "completed", 0.2), r("q2", "completed", 0.4),
+            r("q3", "timed_out", None, rate_limited=1, retry_wait=0.5)]
+    summary = model_summary(rows)["a"]
+    assert summary["runs"] == 3 and summary["completed"] == 2 and summary["timed_out"] == 1
+    assert summary["error"] == 0  # q1's error was redone
+    assert summary["completed_pct"] == pytest.approx(200 / 3)
+    assert summary["ttft_p50"] == pytest.approx(0.3) and summary["ttft_p95"] == 0.4
+    assert summary["tokens_in"] == 9 and summary["tokens_out"] == 21
+    assert summary["rate_limited"] == 4 and summary["retry_wait"] == 3.5
