@@ -27,6 +27,7 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -260,6 +261,7 @@ class _Session:
         self.written: list[dict[str, Any]] = []
         self.interrupted = False
         self._submitting = trio.CancelScope()
+        self._bar: tuple[Progress, TaskID, float] | None = None
         self.by_key = {unit.key: unit for unit in todo}
         global_cap = options.concurrency or config.max_concurrency or DEFAULT_CONCURRENCY
         self.global_cap = global_cap
@@ -284,6 +286,7 @@ class _Session:
             nursery.start_soon(self._progress)
             nursery.start_soon(self._submit_all, fan, self._submitting)
             await self._consume(fan)
+            self._update_bar()  # the last frame shows the end, not the frame before it
             nursery.cancel_scope.cancel()
 
     async def _submit_all(self, fan: Fanout, scope: trio.CancelScope) -> None:
@@ -360,15 +363,21 @@ class _Session:
                    TextColumn("{task.fields[outcomes]}"), TextColumn("{task.fields[rate]}"),
                    TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
         with Progress(*columns, console=console, auto_refresh=False, transient=False) as bar:
-            task = bar.add_task("batch", total=total, outcomes="", rate="")
-            start = trio.current_time()
+            self._bar = (bar, bar.add_task("batch", total=total, outcomes="", rate=""),
+                         trio.current_time())
             while True:
-                done = sum(self.counts.values())
-                elapsed = trio.current_time() - start
-                bar.update(task, completed=done, outcomes=self._outcomes(),
-                           rate=f"{done / elapsed:.1f}/s" if elapsed > 0 else "")
-                bar.refresh()
+                self._update_bar()
                 await trio.sleep(0.1)
+
+    def _update_bar(self) -> None:
+        if self._bar is None:
+            return
+        bar, task, start = self._bar
+        done = sum(self.counts.values())
+        elapsed = trio.current_time() - start
+        bar.update(task, completed=done, outcomes=self._outcomes(),
+                   rate=f"{done / elapsed:.1f}/s" if elapsed > 0 else "")
+        bar.refresh()
 
     def _outcomes(self) -> str:
         return " ".join(f"{outcome} {n}" for outcome, n in sorted(self.counts.items()))

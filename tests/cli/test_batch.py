@@ -341,3 +341,30 @@ def test_ctrl_c_records_the_streams_in_flight_as_cancelled(tmp_path: Path, confi
     assert any(r["text"] for r in cancelled)  # partial output kept
     assert len(rows) < 80  # nothing new was submitted after Ctrl-C
     assert os.path.getsize(output) == len(output.read_bytes())
+
+
+def test_progress_bar_on_a_terminal_and_lines_elsewhere(tmp_path: Path, config: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from rich.console import Console
+
+    import fanout.cli.batch as batch_module
+
+    prompts = prompts_file(tmp_path, 16)
+    terminal = Console(file=io.StringIO(), force_terminal=True, width=160, record=True)
+    status = run_batch(BatchOptions(prompts=prompts, output=str(tmp_path / "a.jsonl"),
+                                    models=("slow", "flaky"), config=config),
+                       stdout=io.StringIO(), stderr=io.StringIO(), environ={},
+                       progress_console=terminal)
+    assert status == 1
+    screen = terminal.export_text()
+    assert "fanout batch" in screen and "32/32" in screen
+    assert "completed 16" in screen and "truncated 16" in screen and "/s" in screen
+
+    monkeypatch.setattr(batch_module, "PLAIN_PROGRESS_EVERY", 0.2)
+    plain = io.StringIO()
+    run_batch(BatchOptions(prompts=prompts, output=str(tmp_path / "b.jsonl"), models=("slow",),
+                           config=config),
+              stdout=io.StringIO(), stderr=plain, environ={},
+              progress_console=Console(file=plain, width=200))
+    lines = [line for line in plain.getvalue().splitlines() if "/16 done (" in line]
+    assert lines and lines[0].startswith("fanout batch: ") and "/s" in lines[0]
