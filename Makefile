@@ -31,6 +31,7 @@ bench: $(STAMP)
 	$(PY) bench/upstream.py
 	$(PY) bench/fanout.py
 	$(PY) bench/render.py
+	$(PY) bench/batch.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

@@ -39,13 +39,13 @@ from ..core.events import StreamFinished, StreamRetrying
 from ..core.result import Outcome, StreamResult
 from ..fanout import Fanout, open_fanout
 from ..request import Endpoint, RetryPolicy, StreamRequest, content_key
+from .common import only as _only
 from .common import open_endpoint
 from .prompts import Prompt, PromptFileError, load_prompts
 from .ratelimit import AdaptiveLimit
 from .records import result_record
 from .report import model_summary, summary_table
 from .results import (
-    Existing,
     ResultsWriter,
     iter_records,
     read_results,
@@ -211,12 +211,18 @@ def run_batch(options: BatchOptions, *, stdout: TextIO | None = None,
         writer = ResultsWriter(options.output, existing)
     except OSError as exc:
         return fail(f"-o {options.output}: cannot write: {getattr(exc, 'strerror', None) or exc}")
-    session = _Session(config, options, todo, writer, existing, progress_console
+    session = _Session(config, options, todo, writer, progress_console
                        or Console(file=err, highlight=False, emoji=False, markup=False))
     started = time.monotonic()
     try:
         if todo:
             trio.run(session.run, endpoint)
+    except BaseException as exc:
+        if not _only(exc, KeyboardInterrupt):
+            raise
+        # A second Ctrl-C: out at once; what was written stays, the rest is redone next time.
+        print("fanout batch: stopped at once; run the same command again to finish", file=err)
+        return EXIT_INTERRUPTED
     finally:
         writer.close()
     elapsed = time.monotonic() - started
@@ -238,9 +244,13 @@ def run_batch(options: BatchOptions, *, stdout: TextIO | None = None,
         print("fanout batch: interrupted: the streams in flight were recorded as cancelled; "
               "run the same command again to finish", file=err)
         return EXIT_INTERRUPTED
-    latest = {**existing.latest, **{work_key(r["id"], r["model"], r["sample"]): r
-                                    for r in session.written}}
-    missing = [u for u in work if (latest.get(u.key) or {}).get("outcome") != "completed"]
+
+    def outcome(key: str) -> str | None:
+        if key in session.outcomes:
+            return session.outcomes[key]
+        return (existing.latest.get(key) or {}).get("outcome")
+
+    missing = [u for u in work if outcome(u.key) != "completed"]
     if missing:
         print(f"fanout batch: {len(missing)} of {len(work)} streams are not completed; run the "
               "same command again to redo them", file=err)
@@ -250,15 +260,14 @@ def run_batch(options: BatchOptions, *, stdout: TextIO | None = None,
 
 class _Session:
     def __init__(self, config: Config, options: BatchOptions, todo: list[Work],
-                 writer: ResultsWriter, existing: Existing, progress_console: Console) -> None:
+                 writer: ResultsWriter, progress_console: Console) -> None:
         self.config = config
         self.options = options
         self.todo = todo
         self.writer = writer
-        self.existing = existing
         self.progress_console = progress_console
         self.counts: Counter[str] = Counter()
-        self.written: list[dict[str, Any]] = []
+        self.outcomes: dict[str, str] = {}  # key -> outcome, of this run
         self.interrupted = False
         self._submitting = trio.CancelScope()
         self._bar: tuple[Progress, TaskID, float] | None = None
@@ -321,10 +330,10 @@ class _Session:
                 self._finished(fan, event.result)
 
     def _finished(self, fan: Fanout, result: StreamResult) -> None:
-        unit = self.by_key[result.stream]
+        unit = self.by_key.pop(result.stream)
         record = batch_record(unit, result)
         self.writer.write(record)
-        self.written.append(record)
+        self.outcomes[unit.key] = record["outcome"]
         self.counts[record["outcome"]] += 1
         fan.forget(result.stream)
         self.slots.release_on_behalf_of(unit.key)

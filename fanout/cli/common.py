@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 
 from ..request import Endpoint
 
-__all__ = ["format_seconds", "open_endpoint"]
+__all__ = ["format_seconds", "only", "open_endpoint"]
 
 
 @asynccontextmanager
@@ -28,3 +28,17 @@ def format_seconds(value: float | None) -> str:
     if value is None:
         return "-"
     return f"{value * 1000:.0f}ms" if value < 1 else f"{value:.2f}s"
+
+
+def only(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """``exc`` (or the first leaf of the group) if it, or its whole group, is ``kind``:
+    trio delivers KeyboardInterrupt and OSError wrapped in exception groups."""
+    if isinstance(exc, BaseExceptionGroup):
+        matched, rest = exc.split(kind)
+        if rest is not None or matched is None:
+            return None
+        leaf: BaseException = matched
+        while isinstance(leaf, BaseExceptionGroup):
+            leaf = leaf.exceptions[0]
+        return leaf
+    return exc if isinstance(exc, kind) else None

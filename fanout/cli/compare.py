@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ from ..config import Config, ModelConfig, load_config
 from ..core.result import Outcome
 from ..fanout import Fanout, open_fanout
 from ..request import Endpoint, StreamRequest
+from .common import only as _only
 from .common import open_endpoint
 from .records import event_record
 from .render import Column, CompareView, _cut, inert, summary_table
@@ -97,9 +99,13 @@ def run_compare(options: CompareOptions, *, console: Console | None = None,
     session = _Session(config, models, messages, options, console, out)
     try:
         trio.run(session.run, endpoint)
-    except BrokenPipeError:
-        _silence_stdout()
-        return 1
+    except BaseException as exc:
+        if _only(exc, BrokenPipeError):
+            _silence_stdout()  # the reader went away (`| head`)
+            return 1
+        if _only(exc, KeyboardInterrupt):
+            return EXIT_INTERRUPTED  # a second Ctrl-C: out at once
+        raise
     if session.interrupted:
         return EXIT_INTERRUPTED
     failed = [c for c in session.columns if c.result is None
@@ -210,7 +216,5 @@ class _Session:
 def _silence_stdout() -> None:
     # The reader went away (``| head``): no traceback, and none at exit either.
     with contextlib.suppress(OSError, ValueError):
-        import os
-
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())

@@ -19,6 +19,7 @@ from ..upstream.capture import PACKAGED_CAPTURES
 from ..upstream.fragment import MODES, Fragmenter
 from ..upstream.models import MODELS
 from ..upstream.server import RunningUpstream, serve_upstream
+from .common import only as _only
 
 __all__ = ["main"]
 
@@ -169,19 +170,6 @@ def _batch(args: argparse.Namespace) -> int:
         prompts=args.prompts, output=args.output, models=tuple(args.models),
         samples=args.samples, concurrency=args.concurrency,
         per_model_concurrency=args.per_model_concurrency, shard=shard, config=args.config))
-
-
-def _only(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
-    """``exc`` (or the first leaf of the group) if it, or its whole group, is ``kind``."""
-    if isinstance(exc, BaseExceptionGroup):
-        matched, rest = exc.split(kind)
-        if rest is not None or matched is None:
-            return None
-        leaf: BaseException = matched
-        while isinstance(leaf, BaseExceptionGroup):
-            leaf = leaf.exceptions[0]
-        return leaf
-    return exc if isinstance(exc, kind) else None
 
 
 async def _stop_on_sigterm(scope: trio.CancelScope) -> None:

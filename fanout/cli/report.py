@@ -30,7 +30,16 @@ def model_summary(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, A
     latest: dict[str, Mapping[str, Any]] = {}
     cost: dict[str, dict[str, float]] = {}
     for record in records:
-        latest[work_key(record["id"], record["model"], record["sample"])] = record
+        # Only what the summary reads: a results file can be far bigger than memory.
+        metrics = record.get("metrics") or {}
+        usage = record.get("usage") or {}
+        latest[work_key(record["id"], record["model"], record["sample"])] = {
+            "model": record["model"], "outcome": record["outcome"],
+            "metrics": {"ttft": metrics.get("ttft"),
+                        "tokens_per_second": metrics.get("tokens_per_second")},
+            "usage": {"prompt_tokens": usage.get("prompt_tokens"),
+                      "completion_tokens": usage.get("completion_tokens")},
+        }
         spent = cost.setdefault(str(record["model"]), {"rate_limited": 0, "retry_wait": 0.0})
         spent["rate_limited"] += record.get("rate_limited") or 0
         spent["retry_wait"] += record.get("retry_wait") or 0.0

@@ -51,7 +51,8 @@ def parse_shard(text: str) -> tuple[int, int]:
 class Existing:
     """What a results file already holds."""
 
-    latest: dict[str, dict[str, Any]] = attrs.Factory(dict)  # key -> its latest record
+    # key -> its latest record, cut to what resuming needs (a big file stays small here)
+    latest: dict[str, dict[str, Any]] = attrs.Factory(dict)
     records: int = 0
     valid_size: int = 0  # bytes up to the end of the last whole line
     torn_bytes: int = 0  # a torn last line (from a crash): ignored, cut before appending
@@ -59,40 +60,44 @@ class Existing:
 
 
 def read_results(path: str | os.PathLike[str]) -> Existing:
-    """Read a results file (a missing one is empty); never raises on bad content."""
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        return Existing()
+    """Read a results file (a missing one is empty); never raises on bad content.
+
+    Streams the file line by line: only each key's outcome is kept.
+    """
     existing = Existing()
-    end = data.rfind(b"\n") + 1
-    existing.valid_size = end
-    for number, line in enumerate(data[:end].split(b"\n")[:-1], 1):
-        if not line.strip():
-            continue
-        record = _record(line)
-        if record is None:
-            existing.bad_lines.append(number)
-        else:
-            _keep(existing, record)
-    tail = data[end:]
-    record = _record(tail) if tail.strip() else None
-    if record is not None:  # whole but unterminated (not written by us): keep it
-        existing.valid_size = len(data)
-        _keep(existing, record)
-    else:
-        existing.torn_bytes = len(tail)
+    try:
+        file = open(path, "rb")  # noqa: SIM115 (closed just below; missing is no error)
+    except FileNotFoundError:
+        return existing
+    with file:
+        for number, line in enumerate(file, 1):
+            if not line.endswith(b"\n"):  # the last line, unterminated
+                record = _record(line) if line.strip() else None
+                if record is not None:  # whole (not written by us): keep it
+                    existing.valid_size += len(line)
+                    _keep(existing, record)
+                else:
+                    existing.torn_bytes = len(line)
+                break
+            existing.valid_size += len(line)
+            if not line.strip():
+                continue
+            record = _record(line)
+            if record is None:
+                existing.bad_lines.append(number)
+            else:
+                _keep(existing, record)
     return existing
 
 
 def iter_records(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    """Every readable record of a results file, in order (for reports)."""
-    data = Path(path).read_bytes()
-    for line in data.split(b"\n"):
-        if line.strip():
-            record = _record(line)
-            if record is not None:
-                yield record
+    """Every readable record of a results file, in order (for reports), streamed."""
+    with open(path, "rb") as file:
+        for line in file:
+            if line.strip():
+                record = _record(line)
+                if record is not None:
+                    yield record
 
 
 def _record(line: bytes) -> dict[str, Any] | None:
@@ -108,11 +113,14 @@ def _record(line: bytes) -> dict[str, Any] | None:
     return record
 
 
+_KEPT = ("id", "model", "sample", "outcome", "content_key")
+
+
 def _keep(existing: Existing, record: dict[str, Any]) -> None:
     existing.records += 1
     key = work_key(record["id"], record["model"], record["sample"])
     existing.latest.pop(key, None)  # re-insert: the dict stays in order of latest writes
-    existing.latest[key] = record
+    existing.latest[key] = {name: record.get(name) for name in _KEPT}
 
 
 class ResultsWriter:

@@ -331,3 +331,17 @@ def test_ctrl_c_on_a_real_terminal(config: str) -> None:
     final = screen.decode("utf-8", "replace")
     assert "cancelled" in final and "interrupted: every stream was cancelled" in final
     assert "Traceback" not in final
+
+
+def test_a_closed_pipe_is_not_a_traceback(config: str) -> None:
+    # `fanout compare ... --json | head -1`: the reader leaves early.
+    process = subprocess.Popen([*COMMAND, "compare", "hi", "-m", "steady", "-m", "reasoner",
+                                "--config", config, "--json"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdout is not None and process.stderr is not None
+    assert json.loads(process.stdout.readline())["type"] == "started"
+    process.stdout.close()
+    err = process.stderr.read()
+    process.stderr.close()
+    assert process.wait(timeout=30) == 1
+    assert b"Traceback" not in err and b"Exception ignored" not in err
