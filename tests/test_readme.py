@@ -49,3 +49,12 @@ def test_make_demo_is_what_the_readme_says() -> None:
     assert 'fanout compare "$(DEMO_PROMPT)" --config config/default.toml' in makefile
     assert ('`fanout compare "Tell me about rivers, in a few sentences." --config '
             'config/default.toml`') in README
+
+
+def test_every_json_record_type_is_documented() -> None:
+    from fanout.cli.records import _TYPES
+
+    section = README[README.index("- `--json`: one JSON object per event"):]
+    section = section[:section.index("\n- ") if "\n- " in section else len(section)]
+    for name in _TYPES.values():
+        assert f"`{name}`" in section, name
