@@ -68,6 +68,12 @@ class Fanout:
         """The keys of the streams that have not finished."""
         return {key for key in self._runners if key not in self.results}
 
+    @property
+    def queued(self) -> set[str]:
+        """The keys of the streams still waiting for a concurrency slot."""
+        return {key for key, runner in self._runners.items()
+                if not runner.has_slot and key not in self.results}
+
     def _limiters(self, model: str) -> list[trio.CapacityLimiter]:
         limiters = [self._global] if self._global is not None else []
         setting = self._per_model_setting
@@ -187,7 +193,7 @@ async def open_fanout(
     them per model (one number, or a mapping model -> cap).  ``deadlines`` are
     the default per-stream deadlines (a request's own win); ``deadline`` is
     for the whole fan-out, in seconds.  ``retry`` says when an attempt is
-    tried again.  ``buffer`` bounds the event channel (default: 4 events a
+    tried again.  ``buffer`` bounds the event channel (default: 16 events a
     stream in flight, at least 1,024: a bounded buffer, so a consumer that
     stops reading stops the streams).  ``client``: your own
     ``httpx.AsyncClient`` (fanout builds one sized to the concurrency

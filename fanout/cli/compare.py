@@ -184,6 +184,10 @@ class _Session:
             async with trio.open_nursery() as nursery:
                 async def redraw() -> None:
                     while True:
+                        queued = fan.queued
+                        for column in self.columns:
+                            if column.key not in queued:
+                                column.slot_taken()
                         live.update(view.live(console, trio.current_time()), refresh=True)
                         await trio.sleep(1 / FPS)
 

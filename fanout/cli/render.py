@@ -126,6 +126,11 @@ class Column:
     choices: dict[int, _Choice] = attrs.Factory(dict)
     result: StreamResult | None = None
 
+    def slot_taken(self) -> None:
+        """The stream got its concurrency slot: it is connecting, no longer queued."""
+        if self.status == "queued":
+            self.status = "connecting"
+
     def apply(self, event: Event, now: float) -> None:
         """Fold one event of this stream, received at ``now``."""
         if isinstance(event, StreamStarted):

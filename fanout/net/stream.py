@@ -126,6 +126,11 @@ class StreamRunner:
         self.cancel_requested = True
         self.scope.cancel()
 
+    @property
+    def has_slot(self) -> bool:
+        """True once the stream got its concurrency slot (it may have finished since)."""
+        return self._origin is not None
+
     async def run(self, slots: list[trio.CapacityLimiter],
                   barrier: Callable[[], Awaitable[None]] | None = None) -> StreamResult:
         """Wait for the slots, run the attempts, send the final event; return the result."""

@@ -345,3 +345,15 @@ def test_a_closed_pipe_is_not_a_traceback(config: str) -> None:
     process.stderr.close()
     assert process.wait(timeout=30) == 1
     assert b"Traceback" not in err and b"Exception ignored" not in err
+
+
+def test_a_stream_waiting_for_a_slot_shows_queued(tmp_path: Path) -> None:
+    path = tmp_path / "one.toml"
+    path.write_text('[endpoint]\nbase_url = "embedded"\n[concurrency]\nmax = 1\n'
+                    '[[models]]\nname = "first"\nid = "mock/fast:0.05"\nparams = { max_tokens = 8 }\n'
+                    '[[models]]\nname = "second"\nid = "mock/fast:0.05"\nparams = { max_tokens = 8 }\n')
+    terminal = Console(file=io.StringIO(), width=120, height=30, force_terminal=True, record=True)
+    assert compare(str(path), console=terminal)[0] == 0
+    frames = terminal.export_text().split("Ctrl-C stops all")
+    assert any("1 streaming · 1 queued" in frame or "1 queued · 1 streaming" in frame
+               for frame in frames)

@@ -66,7 +66,10 @@ def finished(column: Column, body: bytes, now: float = 2.0) -> StreamResult:
 def test_a_column_follows_its_stream() -> None:
     column = Column("fast", "mock/fast", started=0.0)
     assert column.status == "queued"
+    column.slot_taken()
+    assert column.status == "connecting"
     column.apply(StreamStarted(attempt=1, status=200), 0.1)
+    column.slot_taken()  # only ever from queued
     assert column.status == "waiting"
     column.apply(ReasoningDelta(0, "hmm "), 0.2)
     column.apply(TextDelta(0, "Hello"), 0.3)

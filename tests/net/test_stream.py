@@ -284,6 +284,23 @@ async def test_concurrency_cap_and_queue_time_not_in_ttft(autojump_clock: MockCl
     assert all(r.timings.ttft == pytest.approx(1.0) for r in results.values())  # type: ignore[union-attr]
 
 
+async def test_queued_names_the_streams_waiting_for_a_slot(autojump_clock: MockClock) -> None:
+    script = Script([stream(*text_steps(2, 1.0))])
+    seen: list[tuple[str, set[str], set[str]]] = []
+    async with (script.client() as client,
+                open_fanout(ENDPOINT, [request("a"), request("b"), request("c")], client=client,
+                            max_concurrency=1) as fan):
+        await trio.sleep(0.5)
+        assert len(fan.queued) == 2 and fan.queued < fan.running
+        async for event in fan.events:
+            if isinstance(event, StreamFinished):
+                seen.append((event.stream, set(fan.queued), set(fan.running)))
+    sizes = [len(q) for _, q, _ in seen]  # when a freed slot is taken depends on scheduling
+    assert sizes == sorted(sizes, reverse=True) and sizes[-1] == 0
+    assert all(queued <= running and stream not in queued for stream, queued, running in seen)
+    assert not fan.queued and not fan.running
+
+
 async def test_per_model_concurrency(autojump_clock: MockClock) -> None:
     script = Script([stream(*text_steps(1, 1.0))])
     requests = [request(f"a{i}", "A") for i in range(3)] + [request(f"b{i}", "B") for i in range(3)]
