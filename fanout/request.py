@@ -131,6 +131,9 @@ class RetryPolicy:
     or what ``Retry-After`` / ``retry-after-ms`` said (up to
     ``max_retry_after``), and never past the stream's ``total`` deadline.
     ``attempts`` counts the first try: 1 disables retries.
+    ``retry_after_spread``: a Retry-After wait is lengthened by up to this
+    fraction, at random, so streams refused together do not all come back at
+    the same instant (0, the default: exactly what the server said).
     """
 
     attempts: int = attrs.field(default=3, validator=[v.instance_of(int), v.ge(1)])
@@ -141,6 +144,7 @@ class RetryPolicy:
     connect_errors: bool = True
     max_retry_after: float = attrs.field(default=60.0, validator=v.ge(0))
     jitter: bool = True
+    retry_after_spread: float = attrs.field(default=0.0, validator=v.ge(0))
 
     def backoff(self, retry_number: int, rng: random.Random) -> float:
         """The wait before retry ``retry_number`` (1 for the first retry)."""

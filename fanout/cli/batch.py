@@ -58,8 +58,9 @@ __all__ = ["BatchOptions", "Work", "batch_record", "plan_work", "run_batch"]
 EXIT_INTERRUPTED = 130
 DEFAULT_CONCURRENCY = 32
 #: A batch has time: more attempts than the library's default, so a burst of 429s
-#: (before the adaptive cap has come down) costs waiting, not failed work.
-BATCH_RETRY = RetryPolicy(attempts=8, maximum=30.0)
+#: (before the adaptive cap has come down) costs waiting, not failed work; and a
+#: Retry-After is stretched by up to 25 %, so streams refused together come back apart.
+BATCH_RETRY = RetryPolicy(attempts=8, maximum=30.0, retry_after_spread=0.25)
 #: Seconds between progress lines when stderr is not a terminal.
 PLAIN_PROGRESS_EVERY = 10.0
 

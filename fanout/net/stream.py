@@ -189,6 +189,8 @@ class StreamRunner:
             wait = end.retry_after
             if wait is None:
                 wait = self.retry.backoff(number, self.rng)
+            elif self.retry.retry_after_spread:
+                wait *= 1 + self.rng.uniform(0, self.retry.retry_after_spread)
             if trio.current_time() + wait >= self.scope.deadline:
                 return  # no time left for another attempt
             assert end.error is not None

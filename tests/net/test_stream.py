@@ -194,6 +194,16 @@ async def test_no_retry_past_the_total_deadline(autojump_clock: MockClock) -> No
     assert (result.outcome, len(script.requests)) == (Outcome.ERROR, 1)
 
 
+async def test_retry_after_spread_staggers_the_retries(autojump_clock: MockClock) -> None:
+    refused = status(429, headers={"retry-after": "2"})
+    script = Script([refused] * 6 + [stream(*text_steps(1, 0.1))])  # every first attempt
+    keys = [request(f"s{i}") for i in range(6)]
+    results, _ = await run(script, *keys, retry=RetryPolicy(retry_after_spread=0.5), seed=3)
+    waits = [r.attempts[1].waited for r in results.values()]
+    assert all(2.0 <= w <= 3.0 for w in waits)
+    assert len(set(waits)) == 6  # not all back at the same instant
+
+
 async def test_no_retry_after_content(autojump_clock: MockClock) -> None:
     broken = stream((0, event("partial")), (0.1, httpx.RemoteProtocolError("peer closed")))
     script = Script([broken, stream(*text_steps(1, 0))])
