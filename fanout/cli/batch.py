@@ -12,12 +12,11 @@ redo them), 2 for bad usage, 130 after Ctrl-C.
 from __future__ import annotations
 
 import datetime
-import json
-import signal
 import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
+from functools import partial
 from typing import Any, TextIO
 
 import attrs
@@ -39,8 +38,8 @@ from ..core.events import StreamFinished, StreamRetrying
 from ..core.result import Outcome, StreamResult
 from ..fanout import Fanout, open_fanout
 from ..request import Endpoint, RetryPolicy, StreamRequest, content_key
+from .common import interrupt_on_sigint, open_endpoint, text_console
 from .common import only as _only
-from .common import open_endpoint
 from .prompts import Prompt, PromptFileError, load_prompts
 from .ratelimit import AdaptiveLimit
 from .records import result_record
@@ -192,7 +191,7 @@ def run_batch(options: BatchOptions, *, stdout: TextIO | None = None,
                 continue
             changed += 1
         todo.append(unit)
-    console = console or _console(out)
+    console = console or text_console(out, wide=True)
     notes = []
     if existing.torn_bytes:
         notes.append(f"{options.output}: ignored a torn last line ({existing.torn_bytes} bytes, "
@@ -213,7 +212,7 @@ def run_batch(options: BatchOptions, *, stdout: TextIO | None = None,
     except OSError as exc:
         return fail(f"-o {options.output}: cannot write: {getattr(exc, 'strerror', None) or exc}")
     session = _Session(config, options, todo, writer, progress_console
-                       or Console(file=err, highlight=False, emoji=False, markup=False))
+                       or text_console(err))
     started = time.monotonic()
     try:
         if todo:
@@ -291,7 +290,7 @@ class _Session:
                         retry=BATCH_RETRY, strict=self.config.strict) as fan,
             trio.open_nursery() as nursery,
         ):
-            nursery.start_soon(self._on_sigint, fan)
+            nursery.start_soon(interrupt_on_sigint, partial(self._interrupt, fan))
             nursery.start_soon(self._fsync_every_second)
             nursery.start_soon(self._progress)
             nursery.start_soon(self._submit_all, fan, self._submitting)
@@ -345,16 +344,12 @@ class _Session:
         elif result.status == 429:  # retries ran out on a 429: that is a signal too
             limit.rate_limited_now(trio.current_time(), None)
 
-    async def _on_sigint(self, fan: Fanout) -> None:
-        # First Ctrl-C: stop submitting, cancel what runs (recorded as cancelled with
-        # its partial output), print the summary.  A second one: now.
-        with trio.open_signal_receiver(signal.SIGINT) as signals:
-            async for _ in signals:
-                if self.interrupted:
-                    raise KeyboardInterrupt
-                self.interrupted = True
-                self._submitting.cancel()
-                fan.cancel_all()
+    def _interrupt(self, fan: Fanout) -> None:
+        # Ctrl-C: stop submitting, cancel what runs (recorded as cancelled with its
+        # partial output); the summary follows.
+        self.interrupted = True
+        self._submitting.cancel()
+        fan.cancel_all()
 
     async def _fsync_every_second(self) -> None:
         while True:
@@ -398,33 +393,3 @@ class _Session:
         eta = f", ETA {(total - done) / rate:.0f}s" if rate > 0 else ""
         return (f"fanout batch: {done}/{total} done ({self._outcomes() or 'none yet'}), "
                 f"{rate:.1f}/s{eta}")
-
-
-def _console(file: TextIO) -> Console:
-    # Off a terminal, wide enough that the summary's columns are never folded.
-    console = Console(file=file, highlight=False, emoji=False, markup=False)
-    if not console.is_terminal:
-        console = Console(file=file, highlight=False, emoji=False, markup=False, width=240)
-    return console
-
-
-def report(path: str, *, as_json: bool, stdout: TextIO | None = None,
-           stderr: TextIO | None = None, console: Console | None = None) -> int:
-    """``fanout report RESULTS.jsonl [--json]``."""
-    out = stdout or sys.stdout
-    try:
-        records = list(iter_records(path))
-    except FileNotFoundError:
-        print(f"fanout report: {path}: no such file", file=stderr or sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"fanout report: {path}: cannot read: {exc.strerror or exc}",
-              file=stderr or sys.stderr)
-        return 2
-    summary = model_summary(records)
-    if as_json:
-        out.write(json.dumps(summary, indent=2) + "\n")
-        return 0
-    console = console or _console(out)
-    console.print(summary_table(summary))
-    return 0

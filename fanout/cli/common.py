@@ -2,12 +2,40 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import signal
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import TextIO
+
+import trio
+from rich.console import Console
 
 from ..request import Endpoint
 
-__all__ = ["format_seconds", "only", "open_endpoint"]
+__all__ = ["format_seconds", "interrupt_on_sigint", "only", "open_endpoint", "text_console"]
+
+
+def text_console(file: TextIO, *, wide: bool = False) -> Console:
+    """A console that never interprets what it prints (no markup, emoji or highlighting).
+
+    ``wide``: off a terminal, 240 columns, so a summary table is never folded.
+    """
+    console = Console(file=file, highlight=False, emoji=False, markup=False)
+    if wide and not console.is_terminal:
+        console = Console(file=file, highlight=False, emoji=False, markup=False, width=240)
+    return console
+
+
+async def interrupt_on_sigint(first: Callable[[], None]) -> None:
+    """The first Ctrl-C calls ``first`` (cancel, keep what arrived); a second one
+    raises KeyboardInterrupt: out at once."""
+    with trio.open_signal_receiver(signal.SIGINT) as signals:
+        interrupted = False
+        async for _ in signals:
+            if interrupted:
+                raise KeyboardInterrupt
+            interrupted = True
+            first()
 
 
 @asynccontextmanager

@@ -11,9 +11,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -25,11 +25,12 @@ from rich.text import Text
 
 from .._exceptions import ConfigError
 from ..config import Config, ModelConfig, load_config
+from ..core.events import Event
 from ..core.result import Outcome
 from ..fanout import Fanout, open_fanout
 from ..request import Endpoint, StreamRequest
+from .common import interrupt_on_sigint, open_endpoint, text_console
 from .common import only as _only
-from .common import open_endpoint
 from .records import event_record
 from .render import Column, CompareView, _cut, inert, summary_table
 
@@ -95,7 +96,7 @@ def run_compare(options: CompareOptions, *, console: Console | None = None,
         messages.append({"role": "system", "content": options.system})
     messages.append({"role": "user", "content": options.prompt})
     if console is None:
-        console = Console(file=out, highlight=False, emoji=False, markup=False)
+        console = text_console(out)
     session = _Session(config, models, messages, options, console, out)
     try:
         trio.run(session.run, endpoint)
@@ -129,6 +130,7 @@ class _Session:
         self.console = console
         self.out = out
         self.columns: list[Column] = []
+        self.by_key: dict[str, Column] = {}
         self.interrupted = False
 
     async def run(self, endpoint: Endpoint | None) -> None:
@@ -138,44 +140,36 @@ class _Session:
                         for m in self.models]
             now = trio.current_time()
             self.columns = [Column(m.name, m.id, started=now) for m in self.models]
-            by_key = {c.key: c for c in self.columns}
+            self.by_key = {c.key: c for c in self.columns}
             async with open_fanout(
                     resolved, requests, max_concurrency=self.config.max_concurrency,
                     per_model_concurrency=self.config.per_model_caps(self.models),
                     deadlines=self.config.deadlines, strict=self.config.strict) as fan, \
                     trio.open_nursery() as nursery:
-                nursery.start_soon(self._on_sigint, fan)
+                nursery.start_soon(interrupt_on_sigint, partial(self._interrupt, fan))
                 if self.options.json:
-                    await self._json(fan, by_key)
+                    await self._consume(fan, self._json_line(trio.current_time()))
                 elif self.console.is_terminal:
-                    await self._live(fan, by_key)
+                    await self._live(fan)
                 else:
-                    await self._plain(fan, by_key)
+                    await self._consume(fan)
+                    self._final(trio.current_time(), blocks=True)
                 nursery.cancel_scope.cancel()
 
-    async def _on_sigint(self, fan: Fanout) -> None:
-        # First Ctrl-C: cancel every stream, keep what arrived, show it.  Second: now.
-        with trio.open_signal_receiver(signal.SIGINT) as signals:
-            async for _ in signals:
-                if self.interrupted:
-                    raise KeyboardInterrupt
-                self.interrupted = True
-                fan.cancel_all()
+    def _interrupt(self, fan: Fanout) -> None:
+        # Ctrl-C: cancel every stream, keep what arrived, show it.
+        self.interrupted = True
+        fan.cancel_all()
 
-    async def _json(self, fan: Fanout, by_key: dict[str, Column]) -> None:
-        start = trio.current_time()
-        async for event in fan.events:
-            by_key[event.stream].apply(event, trio.current_time())  # for the exit status
+    def _json_line(self, start: float) -> Callable[[Event, float], None]:
+        def write(event: Event, now: float) -> None:
             record = event_record(event)
-            record["t"] = round(trio.current_time() - start, 6)
+            record["t"] = round(now - start, 6)
             self.out.write(json.dumps(record, ensure_ascii=False) + "\n")
             self.out.flush()
+        return write
 
-    async def _plain(self, fan: Fanout, by_key: dict[str, Column]) -> None:
-        await self._consume(fan, by_key)
-        self._final(trio.current_time(), blocks=True)
-
-    async def _live(self, fan: Fanout, by_key: dict[str, Column]) -> None:
+    async def _live(self, fan: Fanout) -> None:
         view = CompareView(self.columns, reasoning=self.options.reasoning)
         console = self.console
         with Live(console=console, auto_refresh=False, transient=True,
@@ -192,13 +186,18 @@ class _Session:
                         await trio.sleep(1 / FPS)
 
                 nursery.start_soon(redraw)
-                await self._consume(fan, by_key)
+                await self._consume(fan)
                 nursery.cancel_scope.cancel()
         self._final(trio.current_time(), blocks=False)
 
-    async def _consume(self, fan: Fanout, by_key: dict[str, Column]) -> None:
+    async def _consume(self, fan: Fanout,
+                       also: Callable[[Event, float], None] | None = None) -> None:
+        """Fold every event into its column (the exit status reads them), and ``also``."""
         async for event in fan.events:
-            by_key[event.stream].apply(event, trio.current_time())
+            now = trio.current_time()
+            self.by_key[event.stream].apply(event, now)
+            if also is not None:
+                also(event, now)
 
     def _final(self, now: float, *, blocks: bool) -> None:
         console = self.console

@@ -199,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "batch":
         return _batch(args)
     if args.command == "report":
-        from .batch import report
+        from .report import report
 
         return report(args.results, as_json=args.json)
     raise AssertionError(f"unhandled command {args.command!r}")  # pragma: no cover

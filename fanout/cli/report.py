@@ -8,19 +8,22 @@ record, since every attempt cost something.
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
+import sys
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TextIO
 
 from rich import box
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .common import format_seconds
-from .results import work_key
+from .common import format_seconds, text_console
+from .results import iter_records, work_key
 
-__all__ = ["model_summary", "summary_table"]
+__all__ = ["model_summary", "report", "summary_table"]
 
 OUTCOMES = ("completed", "truncated", "error", "timed_out", "cancelled")
 
@@ -112,3 +115,23 @@ def _percentile(ordered: list[float], pct: float) -> float | None:
     if pct == 50:
         return statistics.median(ordered)
     return ordered[max(0, math.ceil(pct / 100 * len(ordered)) - 1)]
+
+
+def report(path: str, *, as_json: bool, stdout: TextIO | None = None,
+           stderr: TextIO | None = None, console: Console | None = None) -> int:
+    """``fanout report RESULTS.jsonl [--json]``: the summary of a results file."""
+    out = stdout or sys.stdout
+    try:
+        summary = model_summary(iter_records(path))  # streamed: the file may be big
+    except FileNotFoundError:
+        print(f"fanout report: {path}: no such file", file=stderr or sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"fanout report: {path}: cannot read: {exc.strerror or exc}",
+              file=stderr or sys.stderr)
+        return 2
+    if as_json:
+        out.write(json.dumps(summary, indent=2) + "\n")
+        return 0
+    (console or text_console(out, wide=True)).print(summary_table(summary))
+    return 0

@@ -397,15 +397,20 @@ def _fails_first(status: int, default_times: int) -> Callable[[ChatRequest, Cont
         if attempt > times:
             return base(request, context)
         if status == 429:
-            wait = request.retry_after
-            return error_plan(429, f"Rate limit reached (fanout mock: attempt {attempt} of "
-                              f"{times} refused). Please retry after {wait:g} s.",
-                              "rate_limit_error", code="rate_limit_exceeded",
-                              headers=(("retry-after", str(max(0, round(wait)))),
-                                       ("retry-after-ms", str(int(wait * 1000)))))
+            return _rate_limited(request, f"Rate limit reached (fanout mock: attempt {attempt} "
+                                 f"of {times} refused).")
         return error_plan(status, f"The server had an error (fanout mock: attempt {attempt} of "
                           f"{times}).", "server_error")
     return plan
+
+
+def _rate_limited(request: ChatRequest, message: str) -> Plan:
+    """A 429 as OpenAI sends it, with Retry-After (whole seconds) and retry-after-ms."""
+    wait = request.retry_after
+    return error_plan(429, f"{message} Please retry after {wait:g} s.", "rate_limit_error",
+                      code="rate_limit_exceeded",
+                      headers=(("retry-after", str(max(0, round(wait)))),
+                               ("retry-after-ms", str(int(wait * 1000)))))
 
 
 def _busy(request: ChatRequest, context: Context) -> Plan:
@@ -414,12 +419,8 @@ def _busy(request: ChatRequest, context: Context) -> Plan:
     limit = max(1, int(_arg(request, 4)))
     model = request.name
     if context.streaming.get(model, 0) >= limit:
-        wait = request.retry_after
-        return error_plan(429, f"Rate limit reached: {limit} concurrent requests for this "
-                          f"model are allowed. Please retry after {wait:g} s.",
-                          "rate_limit_error", code="rate_limit_exceeded",
-                          headers=(("retry-after", str(max(0, round(wait)))),
-                                   ("retry-after-ms", str(int(wait * 1000)))))
+        return _rate_limited(request, f"Rate limit reached: {limit} concurrent requests for "
+                             "this model are allowed.")
     plan = _scripted("text", 0.005, cadence_arg=False)(request, context)
     if plan.steps is None:
         return plan

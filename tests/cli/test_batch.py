@@ -163,7 +163,7 @@ def test_resume_skips_completed_and_redoes_the_rest(tmp_path: Path, config: str)
     assert Counter(r["model"] for r in rows[8:]) == {"flaky": 4}
     # Only the latest counts: the report sees 4 flaky runs, not 8.
     out = io.StringIO()
-    from fanout.cli.batch import report
+    from fanout.cli.report import report
     assert report(output, as_json=True, stdout=out) == 0
     summary = json.loads(out.getvalue())
     assert summary["flaky"]["runs"] == 4 and summary["fast"]["completed"] == 4
