@@ -35,6 +35,7 @@ from .core.parser import StreamParser as StreamParser
 from .core.parser import parse_stream as parse_stream
 from .core.result import Attempt as Attempt
 from .core.result import ChoiceResult as ChoiceResult
+from .core.result import Flag as Flag
 from .core.result import Outcome as Outcome
 from .core.result import StreamError as StreamError
 from .core.result import StreamResult as StreamResult
@@ -73,6 +74,7 @@ __all__ = [
     "EventTooLarge",
     "Fanout",
     "FanoutError",
+    "Flag",
     "FrameSkipped",
     "MalformedFrame",
     "ModelConfig",

@@ -69,7 +69,7 @@ package = types.ModuleType('fanout')
 package.__path__ = [{str(PACKAGE)!r}]
 sys.modules['fanout'] = package
 from fanout.core.parser import parse_stream
-result = parse_stream([b'data: {{"choices":[{{"index":0,"delta":{{"content":"ok"}}}}]}}\\n\\n',
+result = parse_stream([b'data: {{"choices":[{{"index":0,"delta":{{"content":"ok"}},"finish_reason":"stop"}}]}}\\n\\n',
                        b'data: [DONE]\\n\\n'])
 assert result.text == 'ok' and result.outcome == 'completed', result
 loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('trio', 'httpx', 'httpcore'))

@@ -79,6 +79,8 @@ def result_record(result: StreamResult) -> dict[str, Any]:
     return {
         "stream": result.stream,
         "outcome": str(result.outcome),
+        "reason": result.reason,
+        "flags": [str(flag) for flag in result.flags],
         "content_key": result.content_key,
         "model": result.model,
         "response_id": result.response_id,
@@ -156,9 +158,10 @@ def tokens_per_second(result: StreamResult) -> tuple[float | None, bool]:
     """Output tokens per second of generation, and whether the count is estimated.
 
     The count is ``usage.completion_tokens`` when the relay reported it, else
-    the number of chunks (OpenAI-style servers send about one token a chunk):
-    then the second value is True.  Generation time runs from the first
-    content to the last event.
+    the number of content deltas (OpenAI-style servers send about one token a
+    chunk; the role chunk, the finish-only chunk, usage and ``[DONE]`` carry
+    none): then the second value is True.  Generation time runs from the
+    first content to the last event.
     """
     t = result.timings
     if t is None or t.first_content is None or t.last_event is None:
@@ -168,7 +171,7 @@ def tokens_per_second(result: StreamResult) -> tuple[float | None, bool]:
     if usage is not None and usage.completion_tokens is not None:
         tokens, estimated = usage.completion_tokens, False
     else:
-        tokens, estimated = max(result.events - 1, 0), True  # the role chunk carries nothing
+        tokens, estimated = result.content_events, True
     if seconds <= 0 or tokens <= 1:
         return None, estimated
     return (tokens - 1) / seconds, estimated  # the first token arrives at the start

@@ -6,6 +6,8 @@ standard library stays the referee: a caller that gets ``ValueError`` from
 ``loads`` must try ``loads_stdlib`` before calling the text malformed, so
 lone surrogate escapes, NaN or huge integers parse exactly as the standard
 library parses them.  ``FANOUT_JSON=stdlib`` forces the standard library.
+Both give the same value for every input: integers outside the 64-bit range
+become floats in both (orjson's rule), infinite past the double range.
 """
 
 from __future__ import annotations
@@ -17,8 +19,26 @@ from typing import Any
 
 __all__ = ["BACKEND", "loads", "loads_stdlib"]
 
-loads_stdlib: Callable[[str], Any] = json.loads
-loads: Callable[[str], Any] = json.loads
+_INT64_MIN = -(2**63)
+_UINT64_END = 2**64
+
+
+def _parse_int(text: str) -> int | float:
+    # orjson reads integers in [-2**63, 2**64) exactly and any other as a
+    # float; the standard library would keep them exact (or, past 4,300
+    # digits, refuse them).  One behaviour for both: orjson's, and an
+    # integer past the double range is infinite, as 1e999 is.
+    if len(text) < 19:
+        return int(text)
+    if len(text) <= 21:
+        value = int(text)
+        if _INT64_MIN <= value < _UINT64_END:
+            return value
+    return float(text)
+
+
+loads_stdlib: Callable[[str], Any] = json.JSONDecoder(parse_int=_parse_int).decode
+loads: Callable[[str], Any] = loads_stdlib
 BACKEND = "stdlib"
 
 if os.environ.get("FANOUT_JSON", "").lower() != "stdlib":

@@ -12,6 +12,12 @@ is fine).  Tool calls are keyed by (choice, tool index):
 - the assembled arguments are parsed as JSON only when the result is built,
   and validated against the function's JSON Schema when the request's
   ``tools`` were given (violations are recorded, never raised).
+
+The outcome is ``completed`` only when ``[DONE]`` arrived and at least one
+choice got a finish reason (``require_finish_reason=False`` accepts
+``[DONE]`` alone, for a relay known to omit finish reasons; the result is
+then flagged ``no_finish_reason``).  Every other outcome gets a one-line
+``reason``; a completed result that looks wrong gets ``Flag`` codes.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from .events import (
 from .result import (
     Attempt,
     ChoiceResult,
+    Flag,
     Outcome,
     StreamError,
     StreamResult,
@@ -48,6 +55,7 @@ from .result import (
 __all__ = ["Accumulator"]
 
 _MAX_SKIP_REASONS = 10
+_MAX_REASON = 300
 
 
 class _ToolCallState:
@@ -87,11 +95,16 @@ class Accumulator:
         "_choices",
         "_handlers",
         "_schemas",
+        "content_events",
         "content_key",
         "done",
         "error",
         "events",
+        "expect_choices",
+        "expect_usage",
         "model",
+        "not_streamed",
+        "require_finish_reason",
         "response_id",
         "skip_reasons",
         "skipped_frames",
@@ -106,9 +119,19 @@ class Accumulator:
         tools: Sequence[Mapping[str, Any]] | None = None,
         stream: str = "",
         content_key: str = "",
+        require_finish_reason: bool = True,
+        expect_choices: int = 1,
+        expect_usage: bool = False,
     ) -> None:
         self.stream = stream
         self.content_key = content_key
+        self.require_finish_reason = require_finish_reason
+        #: What was asked (``n``; usage in ``stream_options``): fewer is flagged.
+        self.expect_choices = expect_choices
+        self.expect_usage = expect_usage
+        #: The body was one JSON completion, not a stream (set by the parser).
+        self.not_streamed = False
+        self.content_events = 0
         self._choices: dict[int, _ChoiceState] = {}
         self._schemas = _schemas_by_name(tools)
         self.done = False
@@ -139,6 +162,8 @@ class Accumulator:
         handler = self._handlers.get(type(event))
         if handler is not None:
             handler(event)
+            if type(event) is TextDelta:
+                self.content_events += 1
 
     def extend(self, events: Iterable[CoreEvent]) -> None:
         """Fold several events in, in order."""
@@ -150,6 +175,7 @@ class Accumulator:
                 if state is None:
                     state = choices[event.choice] = _ChoiceState()
                 state.text.append(event.text)
+                self.content_events += 1
                 continue
             handler = handlers.get(type(event))
             if handler is not None:
@@ -166,9 +192,11 @@ class Accumulator:
 
     def _reasoning(self, event: ReasoningDelta) -> None:
         self._choice(event.choice).reasoning.append(event.text)
+        self.content_events += 1
 
     def _refusal(self, event: RefusalDelta) -> None:
         self._choice(event.choice).refusal.append(event.text)
+        self.content_events += 1
 
     def _role(self, event: ChoiceRole) -> None:
         state = self._choice(event.choice)
@@ -179,6 +207,7 @@ class Accumulator:
         self._choice(event.choice).finish_reason = event.finish_reason
 
     def _tool_call(self, event: ToolCallDelta) -> None:
+        self.content_events += 1
         choice = self._choice(event.choice)
         tools = choice.tools
         index = event.tool_index
@@ -230,12 +259,68 @@ class Accumulator:
         if event.system_fingerprint is not None:
             self.system_fingerprint = event.system_fingerprint
 
+    @property
+    def finished(self) -> bool:
+        """At least one choice received its finish reason."""
+        return any(state.finish_reason is not None for state in self._choices.values())
+
     def outcome(self) -> Outcome:
-        """``error`` if an error arrived, else ``completed`` if ``[DONE]`` did,
-        else ``truncated``."""
+        """``error`` if an error arrived; ``completed`` if ``[DONE]`` did and a
+        choice finished (or finish reasons are not required); else ``truncated``."""
         if self.error is not None:
             return Outcome.ERROR
-        return Outcome.COMPLETED if self.done else Outcome.TRUNCATED
+        if self.done and (self.finished or not self.require_finish_reason):
+            return Outcome.COMPLETED
+        return Outcome.TRUNCATED
+
+    def reason(self, outcome: Outcome, *, sse_events: int = 0, bytes_received: int = 0,
+               pending_event: bool = False) -> str | None:
+        """One line saying why ``outcome`` is not ``completed`` (``None`` if it is)."""
+        if outcome is Outcome.COMPLETED:
+            return None
+        error = self.error
+        if outcome is Outcome.ERROR and error is not None:
+            status = f"HTTP {error.status}: " if error.status and error.status >= 400 else ""
+            return _one_line(status + error.message)
+        if outcome is Outcome.TRUNCATED:
+            if self.done:
+                return ("[DONE] arrived but no choice had a finish reason "
+                        "(the server cut the stream)")
+            if sse_events:
+                plural = "s" if sse_events != 1 else ""
+                where = f"after {sse_events} event{plural} without [DONE]"
+                if pending_event:
+                    where += ", inside an unfinished event"
+            else:
+                where = "before any event " + (f"({bytes_received} bytes)" if bytes_received
+                                               else "(empty body)")
+            if error is not None:
+                return _one_line(f"the connection broke {where}: {error.message}")
+            return f"the body ended {where}"
+        if error is not None:
+            return _one_line(error.message)
+        return str(outcome).replace("_", " ")
+
+    def flags(self, choices: Sequence[ChoiceResult], skipped_frames: int) -> tuple[Flag, ...]:
+        """The ``Flag`` codes of a completed result built from ``choices``."""
+        flags = []
+        if not any(c.text.strip() or c.reasoning.strip() or c.refusal.strip() or c.tool_calls
+                   for c in choices):
+            flags.append(Flag.EMPTY_ANSWER)
+        finished = [c.finish_reason is not None for c in choices]
+        if not any(finished):
+            flags.append(Flag.NO_FINISH_REASON)
+        elif not all(finished):
+            flags.append(Flag.UNFINISHED_CHOICE)
+        if len(choices) < self.expect_choices:
+            flags.append(Flag.MISSING_CHOICES)
+        if self.expect_usage and self.usage is None:
+            flags.append(Flag.MISSING_USAGE)
+        if self.not_streamed:
+            flags.append(Flag.NOT_STREAMED)
+        if skipped_frames:
+            flags.append(Flag.SKIPPED_FRAMES)
+        return tuple(flags)
 
     def choices(self) -> tuple[ChoiceResult, ...]:
         """The choices so far, ordered by index, tool-call arguments parsed."""
@@ -265,15 +350,26 @@ class Accumulator:
         timed_out: str | None = None,
         attempts: tuple[Attempt, ...] = (),
         timings: Timings | None = None,
+        reason: str | None = None,
     ) -> StreamResult:
         """Build the result.  ``outcome`` overrides the one derived from the events
-        (the I/O layer passes ``timed_out`` or ``cancelled``); the other keywords
-        are counters only the layers below the events know.
+        (the I/O layer passes ``timed_out`` or ``cancelled``, with its ``reason``);
+        the other keywords are counters only the layers below the events know.
         """
         choices = self.choices()
+        final = outcome if outcome is not None else self.outcome()
+        if final is Outcome.COMPLETED:
+            why, flags = None, self.flags(choices, self.skipped_frames)
+        else:
+            why = _one_line(reason) if reason else self.reason(
+                final, sse_events=sse_events, bytes_received=bytes_received,
+                pending_event=pending_event)
+            flags = ()
         return StreamResult(
-            outcome=outcome if outcome is not None else self.outcome(),
+            outcome=final,
             choices=choices,
+            reason=why,
+            flags=flags,
             usage=self.usage,
             error=self.error,
             response_id=self.response_id,
@@ -284,6 +380,7 @@ class Accumulator:
             all_choices_finished=bool(choices)
             and all(c.finish_reason is not None for c in choices),
             events=sse_events,
+            content_events=self.content_events,
             skipped_frames=self.skipped_frames,
             skip_reasons=tuple(self.skip_reasons),
             comments=comments,
@@ -315,6 +412,11 @@ class Accumulator:
             state.index, state.id, state.type, state.name, arguments, parsed, parse_error,
             schema_errors,
         )
+
+
+def _one_line(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= _MAX_REASON else line[: _MAX_REASON - 1] + "…"
 
 
 def _reject_constant(name: str) -> Any:

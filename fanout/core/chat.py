@@ -14,6 +14,14 @@ nothing about bytes or sockets.  Its rules:
 - ``usage`` is reported when it is an object (``null`` never erases it).
 - A frame that is not a JSON object is skipped and reported as
   ``FrameSkipped`` (resilient mode), or raises ``MalformedFrame`` (strict mode).
+  So is a choice or tool-call index that is negative, not an integer, or new
+  past ``max_choices`` distinct choices (``max_tool_calls`` calls a choice):
+  a hostile server cannot make fanout keep a million choices.
+- ``"error": null`` (or ``false``, ``{}``, ``""``) in a chunk is no error.
+- Numbers: integers outside the 64-bit range become floats (infinite past
+  the double range), with orjson and with the standard library alike.
+- Every string passes the stream's ``Redactor`` before anything is built
+  from it (see ``redact.py``).
 """
 
 from __future__ import annotations
@@ -38,10 +46,13 @@ from .events import (
     ToolCallDelta,
     UsageReported,
 )
+from .redact import Redactor
 from .result import StreamError, Usage
 from .sse import ServerSentEvent
 
 __all__ = [
+    "MAX_CHOICES",
+    "MAX_TOOL_CALLS",
     "ChatChunkInterpreter",
     "completion_events",
     "error_from_payload",
@@ -49,6 +60,11 @@ __all__ = [
 ]
 
 _EXCERPT = 200
+#: Distinct choice indexes one stream may open (the OpenAI API allows n <= 128).
+MAX_CHOICES = 128
+#: Distinct tool calls one choice may open.
+MAX_TOOL_CALLS = 128
+_NO_REDACTION = Redactor()
 
 
 @final
@@ -61,23 +77,35 @@ class ChatChunkInterpreter:
     """
 
     __slots__ = (
+        "_choices",
         "_content_key",
         "_loads",
+        "_max_choices",
+        "_max_tool_calls",
         "_meta",
+        "_redactor",
         "_roles",
         "_stream",
+        "_tools",
         "done",
         "ignored_after_done",
         "strict",
     )
 
-    def __init__(self, *, strict: bool = False, stream: str = "", content_key: str = "") -> None:
+    def __init__(self, *, strict: bool = False, stream: str = "", content_key: str = "",
+                 redactor: Redactor | None = None, max_choices: int = MAX_CHOICES,
+                 max_tool_calls: int = MAX_TOOL_CALLS) -> None:
         self.strict = strict
         self.done = False
         self.ignored_after_done = 0
         self._stream = stream
         self._content_key = content_key
+        self._redactor = redactor if redactor else _NO_REDACTION
+        self._max_choices = max_choices
+        self._max_tool_calls = max_tool_calls
         self._roles: set[int] = set()
+        self._choices: set[int] = set()
+        self._tools: dict[int, set[int | str]] = {}
         self._meta: tuple[Any, Any, Any] = (None, None, None)
         self._loads = _json.loads
 
@@ -107,9 +135,13 @@ class ChatChunkInterpreter:
             self.done = True
             out.append(DoneReceived(stream, key))
             return
+        redactor = self._redactor
+        if redactor:
+            data = redactor.text(data)
+            event_type = redactor.text(event_type)
         if event_type == "error":
             try:
-                payload = _loads_checked(data)
+                payload = redactor.value(_loads_checked(data))
             except (ValueError, RecursionError):
                 payload = data
             out.append(ErrorReported(error_from_payload(payload), stream, key))
@@ -125,7 +157,9 @@ class ChatChunkInterpreter:
         if type(chunk) is not dict:
             self._skip(f"JSON {type(chunk).__name__}, not an object", data, out)
             return
-        if chunk.get("error") is not None:
+        if redactor and "\\u00" in data:  # a secret may hide behind JSON escapes
+            chunk = redactor.value(chunk)
+        if chunk.get("error"):  # null, false, {} and "" are no error
             out.append(ErrorReported(error_from_payload(chunk), stream, key))
             return
 
@@ -147,9 +181,12 @@ class ChatChunkInterpreter:
                 index = choice.get("index", 0)
                 if type(index) is not int:
                     if index is not None:
-                        self._skip(f"choice index {index!r} is not an integer", data, out)
+                        self._skip(f"choice index {_short(index)} is not an integer", data,
+                                   out)
                         continue
                     index = 0
+                if index not in self._choices and not self._new_choice(index, data, out):
+                    continue
                 delta = choice.get("delta")
                 if delta and type(delta) is dict:
                     content = delta.get("content")
@@ -160,7 +197,7 @@ class ChatChunkInterpreter:
                     else:
                         self._delta(index, delta, content, data, out)
                 finish_reason = choice.get("finish_reason")
-                if finish_reason is not None:
+                if finish_reason is not None and finish_reason != "":
                     out.append(ChoiceFinished(index, str(finish_reason), stream, key))
 
         usage = chunk.get("usage")
@@ -194,11 +231,37 @@ class ChatChunkInterpreter:
                     continue
                 self._tool_call(index, call, data, out)
 
+    def _new_choice(self, index: int, data: str, out: list[CoreEvent]) -> bool:
+        if index < 0:
+            self._skip(f"choice index {index} is negative", data, out)
+            return False
+        if len(self._choices) >= self._max_choices:
+            self._skip(f"choice index {index} would be more than {self._max_choices} "
+                       "distinct choices", data, out)
+            return False
+        self._choices.add(index)
+        return True
+
     def _tool_call(self, index: int, call: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
         tool_index = call.get("index")
         if tool_index is not None and type(tool_index) is not int:
-            self._skip(f"tool call index {tool_index!r} is not an integer", data, out)
+            self._skip(f"tool call index {_short(tool_index)} is not an integer", data, out)
             return
+        seen = self._tools.get(index)
+        if seen is None:
+            seen = self._tools[index] = set()
+        call_id = call.get("id")
+        tool_key: int | str | None = tool_index if tool_index is not None else (
+            call_id if call_id and type(call_id) is str else None)
+        if tool_key is not None and tool_key not in seen:
+            if type(tool_key) is int and tool_key < 0:
+                self._skip(f"tool call index {tool_key} is negative", data, out)
+                return
+            if len(seen) >= self._max_tool_calls:
+                self._skip(f"tool call {_short(tool_key)} would be more than "
+                           f"{self._max_tool_calls} tool calls in choice {index}", data, out)
+                return
+            seen.add(tool_key)
         function = call.get("function")
         name = arguments = None
         if type(function) is dict:
@@ -219,7 +282,8 @@ class ChatChunkInterpreter:
         out.append(FrameSkipped(reason, data[:_EXCERPT], self._stream, self._content_key))
 
 
-def completion_events(payload: Any, stream: str = "", content_key: str = "") -> list[CoreEvent]:
+def completion_events(payload: Any, stream: str = "", content_key: str = "",
+                      redactor: Redactor | None = None) -> list[CoreEvent]:
     """The events a non-streaming ``chat.completion`` body stands for.
 
     A relay may answer a streaming request with one JSON completion; its
@@ -228,8 +292,10 @@ def completion_events(payload: Any, stream: str = "", content_key: str = "") -> 
     error; anything else a ``FrameSkipped`` and no ``DoneReceived``.
     """
     out: list[CoreEvent] = []
+    if redactor:
+        payload = redactor.value(payload)
     if not isinstance(payload, dict) or not isinstance(payload.get("choices"), list):
-        if isinstance(payload, dict) and payload.get("error") is not None:
+        if isinstance(payload, dict) and payload.get("error"):
             return [ErrorReported(error_from_payload(payload), stream, content_key)]
         text = payload if isinstance(payload, str) else _compact(payload)
         return [FrameSkipped("the body is neither a stream nor a chat completion",
@@ -320,6 +386,11 @@ def _compact(value: Any) -> str:
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"))[:2000]
     except (TypeError, ValueError):
         return repr(value)[:2000]
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _first_line(exc: BaseException) -> str:

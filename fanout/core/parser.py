@@ -13,8 +13,15 @@ from typing import Any, final
 from .._exceptions import EventTooLarge, MalformedFrame, ProtocolError, ResponseTooLarge
 from . import _json
 from .accumulate import Accumulator
-from .chat import ChatChunkInterpreter, completion_events, error_from_response
+from .chat import (
+    MAX_CHOICES,
+    MAX_TOOL_CALLS,
+    ChatChunkInterpreter,
+    completion_events,
+    error_from_response,
+)
 from .events import CoreEvent, DoneReceived, ErrorReported
+from .redact import Redactor
 from .result import Attempt, Outcome, StreamError, StreamResult, Timings
 from .sse import DEFAULT_MAX_EVENT_SIZE, ServerSentEvent, SSEDecoder
 
@@ -37,6 +44,13 @@ class StreamParser:
     ``ResponseTooLarge`` is raised), and in strict mode at the first malformed
     frame (``MalformedFrame`` is raised).  In resilient mode a malformed frame
     is skipped, counted and reported as ``FrameSkipped``.
+
+    The parser is where server-supplied text enters fanout, so it is where
+    ``secrets`` (the API key) are redacted: from every event's data, every
+    error it records (``fail``, ``fail_http``) and every header set passed
+    through ``headers()``.  ``require_finish_reason``, ``expect_choices``
+    and ``expect_usage`` go to the ``Accumulator`` (the outcome and flags);
+    ``max_choices`` / ``max_tool_calls`` to the interpreter (the caps).
     """
 
     __slots__ = (
@@ -44,6 +58,7 @@ class StreamParser:
         "_closed",
         "_decoder",
         "_interpreter",
+        "_redactor",
         "_sse_events",
         "_stopped",
         "max_response_bytes",
@@ -60,16 +75,28 @@ class StreamParser:
         max_response_bytes: int | None = None,
         stream: str = "",
         content_key: str = "",
+        secrets: Iterable[str | None] = (),
+        require_finish_reason: bool = True,
+        expect_choices: int = 1,
+        expect_usage: bool = False,
+        max_choices: int = MAX_CHOICES,
+        max_tool_calls: int = MAX_TOOL_CALLS,
     ) -> None:
         self.strict = strict
         self.max_response_bytes = max_response_bytes
         #: The HTTP status the body came with, when the caller knows it.
         self.status: int | None = None
+        self._redactor = Redactor(secrets)
         self._decoder = SSEDecoder(max_event_size=max_event_size)
         self._interpreter = ChatChunkInterpreter(
-            strict=strict, stream=stream, content_key=content_key
+            strict=strict, stream=stream, content_key=content_key, redactor=self._redactor,
+            max_choices=max_choices, max_tool_calls=max_tool_calls,
         )
-        self._accumulator = Accumulator(tools=tools, stream=stream, content_key=content_key)
+        self._accumulator = Accumulator(
+            tools=tools, stream=stream, content_key=content_key,
+            require_finish_reason=require_finish_reason, expect_choices=expect_choices,
+            expect_usage=expect_usage,
+        )
         self._sse_events = 0
         self._stopped = False
         self._closed = False
@@ -118,12 +145,25 @@ class StreamParser:
             return []
         return self._interpret(self._decoder.close())
 
+    @property
+    def redactor(self) -> Redactor:
+        """The stream's redactor (for text the I/O layer reports on its own)."""
+        return self._redactor
+
+    def headers(self, headers: Mapping[str, str]) -> dict[str, str]:
+        """Response headers as they may be kept: lower-cased names, secrets redacted."""
+        return self._redactor.headers({k.lower(): v for k, v in headers.items()})
+
     def fail(self, error: StreamError) -> ErrorReported:
         """Record an error found outside the body (an HTTP status, a transport error).
 
-        The first error recorded is the stream's error.  Returns the event for
-        the caller to pass on.  Further input is ignored.
+        The first error recorded is the stream's error (its text redacted).
+        Returns the event for the caller to pass on.  Further input is ignored.
         """
+        redact = self._redactor
+        if redact:
+            error = StreamError(redact.text(error.message), redact.optional(error.type),
+                                redact.optional(error.code), error.status)
         event = ErrorReported(error, self._accumulator.stream, self._accumulator.content_key)
         self._accumulator.add(event)
         self._stopped = True
@@ -132,27 +172,46 @@ class StreamParser:
     def fail_http(self, status: int, body: bytes, reason: str = "") -> ErrorReported:
         """Record a non-2xx response from its status and (bounded) body."""
         self.status = status
+        redact = self._redactor
+        if redact:
+            body = redact.text(body.decode("utf-8", "replace")).encode()
         return self.fail(error_from_response(status, body, reason))
 
-    def feed_completion(self, body: bytes) -> list[CoreEvent]:
-        """Parse a whole non-streaming ``chat.completion`` body (a relay that
-        answered a streaming request with plain JSON)."""
+    def feed_completion(self, body: bytes, content_type: str = "application/json"
+                        ) -> list[CoreEvent]:
+        """Parse a whole body that is not an event stream.
+
+        A relay may answer a streaming request with one JSON ``chat.completion``:
+        it is read as one (the result is flagged ``not_streamed``), and a JSON
+        ``error`` body as an error.  Anything else (an HTML login page, plain
+        text) is an error saying it is not an event stream, with an excerpt.
+        """
         if self._stopped:
             return []
         self._decoder.bytes_fed += len(body)
-        text = body.decode("utf-8", "replace")
+        text = self._redactor.text(body.decode("utf-8", "replace"))
         try:
-            payload = _json.loads(text)
+            payload: Any = _json.loads(text)
         except (ValueError, RecursionError):
             try:
                 payload = _json.loads_stdlib(text)
             except (ValueError, RecursionError):
-                payload = text
-        events = completion_events(payload, self._accumulator.stream,
-                                   self._accumulator.content_key)
+                payload = None
+        accumulator = self._accumulator
+        events = (completion_events(payload, accumulator.stream, accumulator.content_key,
+                                    self._redactor)
+                  if isinstance(payload, dict) else [])
+        if not any(isinstance(e, DoneReceived | ErrorReported) for e in events):
+            excerpt = " ".join(text.split())[:120]
+            what = f"content-type {content_type}" if content_type else "no content-type"
+            return [self.fail(StreamError(
+                f"not an event stream ({what}): {excerpt!r}" if excerpt
+                else f"not an event stream ({what}) and an empty body",
+                "not_event_stream", None, self.status))]
         if any(isinstance(e, DoneReceived) for e in events):
             self._interpreter.done = True
-        self._accumulator.extend(events)
+            accumulator.not_streamed = True
+        accumulator.extend(events)
         self._closed = True
         return events
 
@@ -163,11 +222,14 @@ class StreamParser:
         timed_out: str | None = None,
         attempts: tuple[Attempt, ...] = (),
         timings: Timings | None = None,
+        reason: str | None = None,
     ) -> StreamResult:
         """The result so far.  ``outcome`` overrides the derived one; ``timed_out``,
-        ``attempts`` and ``timings`` are what only the I/O layer knows."""
+        ``attempts``, ``timings`` and the ``reason`` for an outcome it sets are
+        what only the I/O layer knows."""
         decoder = self._decoder
         return self._accumulator.result(
+            reason=self._redactor.optional(reason),
             timed_out=timed_out,
             attempts=attempts,
             timings=timings,
@@ -216,6 +278,10 @@ def parse_stream(
     status: int = 200,
     max_event_size: int = DEFAULT_MAX_EVENT_SIZE,
     max_response_bytes: int | None = None,
+    require_finish_reason: bool = True,
+    expect_choices: int = 1,
+    expect_usage: bool = False,
+    secrets: Iterable[str | None] = (),
 ) -> StreamResult:
     """Parse a whole response body (a capture, a test's byte list) into its result.
 
@@ -223,12 +289,17 @@ def parse_stream(
     gives the same result.  ``status`` is the HTTP status the body came with:
     a non-2xx body is read as an error response.  In strict mode a malformed
     frame raises ``MalformedFrame``; otherwise it is skipped and counted.
+    The other keywords are ``StreamParser``'s.
     """
     parser = StreamParser(
         strict=strict,
         tools=tools,
         max_event_size=max_event_size,
         max_response_bytes=max_response_bytes,
+        require_finish_reason=require_finish_reason,
+        expect_choices=expect_choices,
+        expect_usage=expect_usage,
+        secrets=secrets,
     )
     if not 200 <= status < 300:
         parser.fail_http(status, b"".join(chunks))

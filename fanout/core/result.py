@@ -16,6 +16,7 @@ import attrs
 __all__ = [
     "Attempt",
     "ChoiceResult",
+    "Flag",
     "Outcome",
     "StreamError",
     "StreamResult",
@@ -28,15 +29,34 @@ __all__ = [
 class Outcome(enum.StrEnum):
     """How a stream ended.  Exactly one per stream.
 
-    ``completed`` only when ``data: [DONE]`` arrived.  ``length`` and
-    ``content_filter`` are finish reasons *inside* a completed stream, not outcomes.
+    ``completed`` only when ``data: [DONE]`` arrived **and** at least one
+    choice got its ``finish_reason`` (a single-slot server that cuts a stream
+    still sends ``[DONE]``).  ``length`` and ``content_filter`` are finish
+    reasons *inside* a completed stream, not outcomes.  Every other outcome
+    comes with a one-line ``StreamResult.reason``.
     """
 
     COMPLETED = "completed"
-    TRUNCATED = "truncated"  # the body ended before [DONE]
+    TRUNCATED = "truncated"  # the body ended before [DONE], or [DONE] without a finish reason
     ERROR = "error"  # HTTP status >= 400, an error payload, a transport or protocol error
     TIMED_OUT = "timed_out"  # a deadline fired (set by the I/O layer)
     CANCELLED = "cancelled"  # the caller cancelled the stream (set by the I/O layer)
+
+
+class Flag(enum.StrEnum):
+    """Stable codes for a result that completed but looks wrong (``StreamResult.flags``).
+
+    A flagged result is still ``completed``: the stream ended properly.  Front
+    ends show the flags; ``fanout batch`` does not count ``empty_answer`` as done.
+    """
+
+    EMPTY_ANSWER = "empty_answer"  # no text, reasoning, refusal or tool call in any choice
+    UNFINISHED_CHOICE = "unfinished_choice"  # a choice ended without its finish_reason
+    MISSING_CHOICES = "missing_choices"  # n choices were asked, fewer came
+    MISSING_USAGE = "missing_usage"  # usage was asked (stream_options), none came
+    NO_FINISH_REASON = "no_finish_reason"  # completed only because the endpoint allows it
+    NOT_STREAMED = "not_streamed"  # a JSON completion came where a stream was asked
+    SKIPPED_FRAMES = "skipped_frames"  # malformed frames were skipped: output may be missing
 
 
 @attrs.frozen(slots=True)
@@ -125,14 +145,18 @@ class Attempt:
 class Timings:
     """Where the time went, in seconds on a monotonic clock.
 
-    ``queued`` is the time spent waiting for a concurrency slot.  The other
-    points are measured from the moment the stream got its slot (so queueing
-    never counts in time-to-first-token), ``None`` when they never happened;
-    they describe the last attempt.  ``gap_*`` are statistics of the gaps
-    between events (keep-alive comments are not events).
+    ``queued`` is the time spent waiting for a concurrency slot (and for a
+    connection from the client's pool).  The other points are measured from
+    the moment the stream got its slot (so queueing never counts in
+    time-to-first-token), ``None`` when they never happened.
+    ``first_request_sent`` is the first attempt's; the rest describe the last
+    attempt, so ``ttft`` is the model's latency and ``e2e`` / ``retrying``
+    cover the whole stream.  ``gap_*`` are statistics of the gaps between
+    events (keep-alive comments are not events).
     """
 
     queued: float = 0.0
+    first_request_sent: float | None = None
     request_sent: float | None = None
     headers: float | None = None
     first_byte: float | None = None
@@ -153,6 +177,22 @@ class Timings:
         return self.first_content - self.request_sent
 
     @property
+    def e2e(self) -> float | None:
+        """The whole stream, retries included: first request sent to the end."""
+        start = self.first_request_sent if self.first_request_sent is not None \
+            else self.request_sent
+        if start is None or self.end is None:
+            return None
+        return self.end - start
+
+    @property
+    def retrying(self) -> float:
+        """Time spent before the last attempt: failed attempts and backoff waits."""
+        if self.first_request_sent is None or self.request_sent is None:
+            return 0.0
+        return max(0.0, self.request_sent - self.first_request_sent)
+
+    @property
     def ttfc(self) -> float | None:
         """Time to first answer text (after any reasoning), from the request being sent."""
         if self.first_text is None or self.request_sent is None:
@@ -169,10 +209,16 @@ class StreamResult:
     the body ended inside an event, and ``all_choices_finished`` whether every
     choice had received a finish reason before the end.
 
-    Counters: ``events`` server-sent events dispatched, ``skipped_frames``
+    Counters: ``events`` server-sent events dispatched, ``content_events``
+    the content deltas among their normalized events, ``skipped_frames``
     malformed frames skipped (``skip_reasons`` keeps the first few reasons),
     ``comments`` keep-alive comment lines, ``bytes_received`` body bytes,
     ``ignored_after_done`` events that followed ``[DONE]``.
+
+    ``reason`` is one line saying why for every outcome but ``completed``
+    (``None`` then): "the body ended after 12 events without [DONE]",
+    "[DONE] arrived but no choice had a finish reason", "HTTP 500: ...".
+    ``flags`` are ``Flag`` codes for a completed stream that looks wrong.
 
     Set by the I/O layer: ``timed_out`` names the deadline that fired
     (``connect``, ``first_byte``, ``first_token``, ``idle``, ``total`` or
@@ -182,6 +228,8 @@ class StreamResult:
 
     outcome: Outcome
     choices: tuple[ChoiceResult, ...] = ()
+    reason: str | None = None
+    flags: tuple[Flag, ...] = ()
     usage: Usage | None = None
     error: StreamError | None = None
     response_id: str | None = None
@@ -191,6 +239,7 @@ class StreamResult:
     pending_event: bool = False
     all_choices_finished: bool = False
     events: int = 0
+    content_events: int = 0
     skipped_frames: int = 0
     skip_reasons: tuple[str, ...] = ()
     comments: int = 0
@@ -206,6 +255,12 @@ class StreamResult:
     def text(self) -> str:
         """The first choice's text (``""`` when there is none): the common case."""
         return self.choices[0].text if self.choices else ""
+
+    @property
+    def has_output(self) -> bool:
+        """Any choice has non-blank text, reasoning, refusal, or a tool call."""
+        return any(c.text.strip() or c.reasoning.strip() or c.refusal.strip() or c.tool_calls
+                   for c in self.choices)
 
     def choice(self, index: int) -> ChoiceResult | None:
         """The choice with this ``index``, or ``None`` if it never appeared."""

@@ -100,7 +100,8 @@ def test_retries_show_in_the_column() -> None:
 
 
 @pytest.mark.parametrize(("outcome_body", "status"), [
-    (sse_body({"choices": [{"index": 0, "delta": {"content": "hi"}}]}), "done"),
+    (sse_body({"choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]}),
+     "done"),
     (sse_body({"choices": [{"index": 0, "delta": {"content": "hi"}}]}, done=False), "truncated"),
     (sse_body({"error": {"message": "boom"}}, done=False), "error"),
 ])

@@ -58,7 +58,9 @@ def fn(arguments: str | None = None, name: str | None = None) -> dict[str, Any]:
 
 def test_empty_stream_gives_no_choices_and_empty_text() -> None:
     result = parse_stream([b"data: [DONE]\n\n"])
-    assert result.outcome is Outcome.COMPLETED
+    assert result.outcome is Outcome.TRUNCATED  # [DONE] alone: nothing finished
+    assert result.reason == ("[DONE] arrived but no choice had a finish reason "
+                             "(the server cut the stream)")
     assert result.choices == ()
     assert result.text == ""
     assert result.all_choices_finished is False
@@ -197,7 +199,9 @@ def test_reading_continues_after_finish_reason() -> None:
 
 
 def test_outcomes() -> None:
-    assert parse_stream([sse_body(chunk(delta(content="a")))]).outcome is Outcome.COMPLETED
+    completed = parse_stream([sse_body(chunk(delta(0, "stop", content="a")))])
+    assert (completed.outcome, completed.reason, completed.flags) == (
+        Outcome.COMPLETED, None, ())
     truncated = parse_stream([sse_body(chunk(delta(0, "stop", content="a")), done=False)])
     assert (truncated.outcome, truncated.text, truncated.all_choices_finished) == (
         Outcome.TRUNCATED, "a", True)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import random
 import re
+from typing import Any
 
 import attrs
 import pytest
 
-from fanout import Outcome, StreamResult, parse_stream
-from tests.captures import Capture, load, names, reads
+from fanout import Flag, Outcome, StreamResult, parse_stream
+from tests.captures import CAPTURES, Capture, load, names, reads
 from tests.helpers import byte_at_a_time
 
 
@@ -23,51 +25,79 @@ class Expected:
     tool: tuple[str, str] | None = None  # (name, arguments) of the first choice's only call
     error: str | None = None  # the error message contains this
     choices: int | None = None
+    flags: tuple[Flag, ...] = ()  # as parsed with what the capture's request asked
+    reason: str | None = None  # the reason starts with this
 
 
 C, T, E = Outcome.COMPLETED, Outcome.TRUNCATED, Outcome.ERROR
+EMPTY, UNFINISHED, NO_USAGE, FEWER = (Flag.EMPTY_ANSWER, Flag.UNFINISHED_CHOICE,
+                                      Flag.MISSING_USAGE, Flag.MISSING_CHOICES)
+DONE_NO_FINISH = "[DONE] arrived but no choice had a finish reason"
 WEATHER = ("get_weather", '{ "city": "Paris", "unit": "celsius"}')
 
 EXPECTED = {
     "01_plain": Expected(C, ("stop",), "The capital of France is Paris.", 31),
     "02_long": Expected(C, ("length",), "The rainbow, a celestial wonder", 1577),
     "03_max_tokens_length": Expected(C, ("length",), "The waves of the sea", 20),
-    "04_include_usage": Expected(C, ("stop",), "The primary colors are:\n- Red (R)", 57),
-    "05_n2": Expected(C, ("stop",), "Hello.", 6),
+    "04_include_usage": Expected(C, ("stop",), "The primary colors are:\n- Red (R)", 57,
+                                 flags=(NO_USAGE,)),
+    "05_n2": Expected(C, ("stop",), "Hello.", 6, flags=(FEWER,)),
     "06_tools_forced": Expected(C, ("tool_calls",), "", 0, tool=WEATHER),
-    "07_tools_auto": Expected(C, ("stop",), "", 0),
-    "07b_tools_auto_model_picks_tool": Expected(T, (), "", 0, choices=0),
+    "07_tools_auto": Expected(C, ("stop",), "", 0, flags=(EMPTY,)),
+    "07b_tools_auto_model_picks_tool": Expected(T, (), "", 0, choices=0,
+                                                reason="the body ended before any event"),
     "08_bad_request_messages_missing": Expected(C, ("stop",), "Sure, I can provide", 203),
     "09_unknown_model": Expected(C, ("length",), "Hello! How can I help you today", 31),
-    "10_context_overflow_stream": Expected(T, (), "", 0, choices=0),
-    "11_context_overflow_nonstream": Expected(E, error="maximum context length is 2048"),
+    "10_context_overflow_stream": Expected(T, (), "", 0, choices=0,
+                                           reason="the body ended before any event"),
+    "11_context_overflow_nonstream": Expected(E, error="maximum context length is 2048",
+                                              reason="HTTP 400: "),
     "12_malformed_json": Expected(E, error="Internal Server Error"),
     "13_bad_type": Expected(E, error="validation error"),
     "14_not_found": Expected(E, error="Not Found"),
-    "15_interrupted_first": Expected(C, (None,), "Once upon a time, in the land of Eridori", 170),
+    "15_interrupted_first": Expected(T, (None,), "Once upon a time, in the land of Eridori", 170,
+                                     reason=DONE_NO_FINISH),
     "15_interrupting_second": Expected(C, ("length",), "I'm ready to assist", 19),
     "16_long_stream_with_ping": Expected(C, ("length",), "Once upon a time", 6220),
     "17_unicode": Expected(C, ("stop",), "わかるバード！👍\n☀️💡", 12),  # noqa: RUF001
     "L01_mock_plain": Expected(C, ("stop",), "Hello! This is a canned reply", 131),
     "L02_mock_include_usage": Expected(C, ("stop",), "Hello! This is a canned reply", 131,
                                        usage_total=38),
-    "L03_mock_n2": Expected(C, ("stop", None), "Hello! This is a canned reply", 131),
+    "L03_mock_n2": Expected(C, ("stop", None), "Hello! This is a canned reply", 131,
+                            flags=(UNFINISHED,)),
     "L04_smollm2_include_usage": Expected(C, ("stop",), "The primary colors are:", 57,
                                           usage_total=32),
     "L05_smollm2_length": Expected(C, ("length",), "The waves of the sea", 20),
-    "L06_smollm2_n2": Expected(C, ("stop",), "Hello, it's me, a helpful AI"),
+    "L06_smollm2_n2": Expected(C, ("stop",), "Hello, it's me, a helpful AI", flags=(FEWER,)),
     "L07_smollm2_tools_forced": Expected(C, ("tool_calls",), "", 0, tool=WEATHER),
     "L08_unknown_model": Expected(E, error="Invalid model name passed in model=no-such-model"),
     "L09_no_auth": Expected(E, error="Internal Server Error"),
-    "L10_context_overflow_stream": Expected(C, ("stop",), "", 0),
+    "L10_context_overflow_stream": Expected(C, ("stop",), "", 0, flags=(EMPTY,)),
     "L11_bad_type": Expected(E, error="litellm.InternalServerError"),
 }
 
 STREAMS = [n for n in EXPECTED if load(n).status == 200 and EXPECTED[n].outcome is not E]
 
 
+def asked(name: str) -> dict[str, Any]:
+    """The JSON body of the capture's recorded request."""
+    request = (CAPTURES / f"{name}.request").read_bytes()
+    body = request.partition(b"\r\n\r\n")[2] or request.partition(b"\n\n")[2]
+    try:
+        return dict(json.loads(body))
+    except ValueError:  # 12_malformed_json sent a broken body on purpose
+        return {}
+
+
 def parse(capture: Capture, chunks: list[bytes] | None = None) -> StreamResult:
     return parse_stream(chunks if chunks is not None else [capture.body], status=capture.status)
+
+
+def parse_as_asked(name: str) -> StreamResult:
+    """Parsed with the expectations its request set: ``n`` and ``include_usage``."""
+    capture, body = load(name), asked(name)
+    return parse_stream([capture.body], status=capture.status, expect_choices=body.get("n", 1),
+                        expect_usage=bool((body.get("stream_options") or {}).get("include_usage")))
 
 
 def test_every_capture_has_an_expectation() -> None:
@@ -78,8 +108,14 @@ def test_every_capture_has_an_expectation() -> None:
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_capture_parses_as_documented(name: str) -> None:
     capture, expected = load(name), EXPECTED[name]
-    result = parse(capture)
+    result = parse_as_asked(name)
     assert result.outcome is expected.outcome
+    assert result.flags == expected.flags
+    if expected.outcome is C:
+        assert result.reason is None
+    else:
+        assert result.reason is not None and "\n" not in result.reason
+        assert result.reason.startswith(expected.reason or "")
     assert result.status == capture.status
     assert tuple(c.finish_reason for c in result.choices) == expected.finish_reasons
     assert result.text.startswith(expected.text)
@@ -153,7 +189,7 @@ def test_cut_anywhere_before_done_is_truncated_with_a_prefix(name: str) -> None:
     for cut in offsets:
         result = parse(capture, [capture.body[:cut]])
         if cut >= done_at:
-            assert result.outcome is Outcome.COMPLETED
+            assert result.outcome is full.outcome
             continue
         assert result.outcome is Outcome.TRUNCATED, cut
         for choice in result.choices:

@@ -261,7 +261,7 @@ def test_fanout_json_stdlib_forces_the_standard_library() -> None:
     import sys
 
     env = {**os.environ, "FANOUT_JSON": "stdlib"}
-    code = "from fanout.core import _json; import json; print(_json.BACKEND, _json.loads is json.loads)"
+    code = "from fanout.core import _json; print(_json.BACKEND, _json.loads is _json.loads_stdlib)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.split() == ["stdlib", "True"], out.stderr
 

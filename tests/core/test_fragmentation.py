@@ -27,7 +27,10 @@ def json_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 
 
 def check_against_model(result: StreamResult, stream: GeneratedStream) -> None:
-    assert result.outcome is (Outcome.COMPLETED if stream.done else Outcome.TRUNCATED)
+    finished = any(c.finish_reason is not None for c in stream.choices.values())
+    assert result.outcome is (Outcome.COMPLETED if stream.done and finished
+                              else Outcome.TRUNCATED)
+    assert (result.reason is None) is (result.outcome is Outcome.COMPLETED)
     assert result.skipped_frames == 0
     assert result.comments == stream.comments
     assert [c.index for c in result.choices] == sorted(stream.choices)

@@ -7,6 +7,7 @@ import pytest
 from fanout import (
     ErrorReported,
     EventTooLarge,
+    Flag,
     FrameSkipped,
     MalformedFrame,
     Outcome,
@@ -19,8 +20,11 @@ from fanout import (
 from tests.helpers import chunk, delta, sse_body
 
 
-def text_body(*texts: str, done: bool = True) -> bytes:
-    return sse_body(*(chunk(delta(content=t)) for t in texts), done=done)
+def text_body(*texts: str, done: bool = True, finish: str | None = "stop") -> bytes:
+    frames = [chunk(delta(content=t)) for t in texts]
+    if finish is not None:
+        frames.append(chunk(delta(0, finish)))
+    return sse_body(*frames, done=done)
 
 
 def test_feed_returns_the_events_already_folded() -> None:
@@ -36,23 +40,27 @@ def test_feed_returns_the_events_already_folded() -> None:
     parser.close()
     result = parser.result()
     assert (result.outcome, result.text, result.events, result.bytes_received) == (
-        Outcome.COMPLETED, "ab", 3, len(body))
+        Outcome.COMPLETED, "ab", 4, len(body))  # a, b, the finish chunk, [DONE]
 
 
 def test_truncated_result_reports_the_pending_event() -> None:
-    body = text_body("a", "b", done=False)
+    body = text_body("a", "b", done=False, finish=None)
     cut = body[: body.rindex(b"\n\n")]  # the last event lost its blank line
     result = parse_stream([cut])
     assert (result.outcome, result.text, result.pending_event) == (Outcome.TRUNCATED, "a", True)
+    assert result.reason == ("the body ended after 1 event without [DONE], "
+                             "inside an unfinished event")
     clean = parse_stream([body])
     assert (clean.outcome, clean.text, clean.pending_event) == (Outcome.TRUNCATED, "ab", False)
+    assert clean.reason == "the body ended after 2 events without [DONE]"
 
 
 def test_malformed_frames_skipped_and_counted_in_resilient_mode() -> None:
-    body = sse_body(chunk(delta(content="a")), "{bad", "[1]", chunk(delta(content="b")))
+    body = sse_body(chunk(delta(content="a")), "{bad", "[1]", chunk(delta(0, "stop", content="b")))
     result = parse_stream([body])
     assert (result.outcome, result.text, result.skipped_frames) == (Outcome.COMPLETED, "ab", 2)
     assert result.skip_reasons[0].startswith("invalid JSON")
+    assert result.flags == (Flag.SKIPPED_FRAMES,)  # output may be missing: say so
 
 
 def test_strict_mode_raises_and_keeps_what_came_before() -> None:
@@ -137,7 +145,7 @@ def test_result_outcome_override() -> None:
 def test_comments_and_ignored_after_done_are_counted() -> None:
     body = b": ping\n\n" + text_body("a") + b": late\n\n" + text_body("b")
     result = parse_stream([body])
-    assert (result.text, result.comments, result.ignored_after_done) == ("a", 2, 2)
+    assert (result.text, result.comments, result.ignored_after_done) == ("a", 2, 3)
 
 
 def test_frame_skipped_event_is_returned() -> None:

@@ -18,7 +18,7 @@ def parse_every_way(body: bytes) -> StreamResult:
 
 
 def test_bom_before_the_first_event() -> None:
-    result = parse_every_way(b"\xef\xbb\xbf" + sse_body(chunk(delta(content="hi"))))
+    result = parse_every_way(b"\xef\xbb\xbf" + sse_body(chunk(delta(0, "stop", content="hi"))))
     assert (result.outcome, result.text, result.skipped_frames) == (Outcome.COMPLETED, "hi", 0)
 
 
@@ -34,13 +34,13 @@ def test_retry_only_block_is_not_a_frame() -> None:
 
 
 def test_id_only_blocks_are_not_frames() -> None:
-    body = b"id: 1\n\n" + sse_body(chunk(delta(content="a"))) + b"id: 2\n\n"
+    body = b"id: 1\n\n" + sse_body(chunk(delta(0, "stop", content="a"))) + b"id: 2\n\n"
     result = parse_every_way(body)
     assert (result.outcome, result.text, result.skipped_frames) == (Outcome.COMPLETED, "a", 0)
 
 
 def test_invalid_utf8_is_replaced_not_fatal() -> None:
-    good = ("data: " + json.dumps(chunk(delta(content="é")), ensure_ascii=False)
+    good = ("data: " + json.dumps(chunk(delta(0, "stop", content="é")), ensure_ascii=False)
             + "\n\ndata: [DONE]\n\n").encode()
     bad = good.replace("é".encode(), b"\xc3\x28")  # a broken two-byte sequence
     assert bad != good
