@@ -223,7 +223,9 @@ class StreamResult:
     Set by the I/O layer: ``timed_out`` names the deadline that fired
     (``connect``, ``first_byte``, ``first_token``, ``idle``, ``total`` or
     ``fanout``), ``attempts`` records every HTTP attempt, ``timings`` where the
-    time went.
+    time went, ``others_running`` how many other streams of the same fan-out
+    were running when this one ended (a single-slot server cuts the running
+    stream when another arrives: a cut with others running is that signal).
     """
 
     outcome: Outcome
@@ -250,6 +252,7 @@ class StreamResult:
     timed_out: str | None = None  # which deadline fired, for ``timed_out``
     attempts: tuple[Attempt, ...] = ()
     timings: Timings | None = None
+    others_running: int = 0
 
     @property
     def text(self) -> str:
