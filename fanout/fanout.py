@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from contextlib import asynccontextmanager
 from typing import final
 
@@ -57,6 +58,8 @@ class Fanout:
         self.events: EventChannel[Event] = EventChannel(receive, schedule_every=max(buffer, 64))
         self.results: dict[str, StreamResult] = {}
         self._runners: dict[str, StreamRunner] = {}
+        self._running: set[str] = set()
+        self._queued: set[str] = set()
         self._options = options
         self._global = trio.CapacityLimiter(max_concurrency) if max_concurrency else None
         self._per_model_setting = per_model_concurrency
@@ -64,15 +67,18 @@ class Fanout:
         self._sealed = False
 
     @property
-    def running(self) -> set[str]:
-        """The keys of the streams that have not finished."""
-        return {key for key in self._runners if key not in self.results}
+    def running(self) -> AbstractSet[str]:
+        """The keys of the streams that hold a concurrency slot and have not finished.
+
+        A live read-only view (no copy): it changes as streams start and end.
+        Disjoint from ``queued``; a stream is in one or the other until it ends.
+        """
+        return self._running
 
     @property
-    def queued(self) -> set[str]:
-        """The keys of the streams still waiting for a concurrency slot."""
-        return {key for key, runner in self._runners.items()
-                if not runner.has_slot and key not in self.results}
+    def queued(self) -> AbstractSet[str]:
+        """The keys of the streams still waiting for a concurrency slot (a live view)."""
+        return self._queued
 
     def _limiters(self, model: str) -> list[trio.CapacityLimiter]:
         limiters = [self._global] if self._global is not None else []
@@ -89,9 +95,11 @@ class Fanout:
             raise ValueError(f"stream key {request.key!r} is already in this fan-out")
         send = self._send.clone()  # one per producer: the consumer sees the end
         runner = StreamRunner(self._client, self._endpoint, request, send,
-                              on_result=self._store,
+                              on_result=self._store, others_running=self._others_running,
+                              on_slot=self._slot_taken,
                               **self._options)  # type: ignore[arg-type]
         self._runners[request.key] = runner
+        self._queued.add(request.key)
         self._nursery.start_soon(self._run, runner, send, barrier,
                                  name=f"fanout stream {request.key}")
 
@@ -105,10 +113,21 @@ class Fanout:
                 if runner.result is not None:
                     self._store(runner, runner.result)
 
+    def _others_running(self, runner: StreamRunner) -> int:
+        # Streams that hold a slot and have not finished, this one aside.
+        return len(self._running) - (runner.key in self._running)
+
+    def _slot_taken(self, runner: StreamRunner) -> None:
+        if self._runners.get(runner.key) is runner:
+            self._queued.discard(runner.key)
+            self._running.add(runner.key)
+
     def _store(self, runner: StreamRunner, result: StreamResult) -> None:
         # Not for a runner that was forgotten (its key may already run again).
         if self._runners.get(runner.key) is runner and runner.key not in self.results:
             self.results[runner.key] = result
+            self._running.discard(runner.key)
+            self._queued.discard(runner.key)
 
     async def submit(self, request: StreamRequest) -> None:
         """Start another stream (``accept_more=True`` fan-outs, until ``seal()``)."""
@@ -148,8 +167,9 @@ class Fanout:
         return result
 
     def cancel_all(self) -> None:
-        """Cancel every stream still running (what leaving the block does)."""
-        for key in self.running:
+        """Cancel every stream that has not finished, queued or running (what leaving
+        the block does)."""
+        for key in [*self._running, *self._queued]:
             self._runners[key].cancel()
 
 

@@ -83,8 +83,12 @@ class StreamRunner:
         max_response_bytes: int | None = None,
         rng: random.Random | None = None,
         on_result: Callable[[StreamRunner, StreamResult], None] | None = None,
+        others_running: Callable[[StreamRunner], int] | None = None,
+        on_slot: Callable[[StreamRunner], None] | None = None,
     ) -> None:
+        self.on_slot = on_slot  # called once the stream holds its concurrency slots
         self.client = client
+        self.others_running = others_running  # how many other streams hold a slot now
         self.on_result = on_result  # called with the result just before StreamFinished
         self.endpoint = endpoint
         self.request = request
@@ -143,6 +147,8 @@ class StreamRunner:
                     for slot in slots:
                         await stack.enter_async_context(slot)
                     self._origin = trio.current_time()
+                    if self.on_slot is not None:
+                        self.on_slot(self)
                     total = self.deadlines.total
                     stream_deadline = self._origin + total if total else math.inf
                     self.scope.deadline = min(stream_deadline, self.fanout_deadline)
@@ -430,8 +436,11 @@ class StreamRunner:
                     + " passed", "timeout", timed_out))
         elif self._last is not None and self._last.broken:
             outcome = Outcome.TRUNCATED  # the error stays on the result: it says why
-        return parser.result(outcome, timed_out=timed_out, attempts=tuple(attempts),
-                             timings=timings)
+        result = parser.result(outcome, timed_out=timed_out, attempts=tuple(attempts),
+                               timings=timings)
+        if self.others_running is not None:
+            result = attrs.evolve(result, others_running=self.others_running(self))
+        return result
 
     async def _send_final(self, result: StreamResult) -> None:
         self.result = result

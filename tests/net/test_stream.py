@@ -301,13 +301,15 @@ async def test_queued_names_the_streams_waiting_for_a_slot(autojump_clock: MockC
                 open_fanout(ENDPOINT, [request("a"), request("b"), request("c")], client=client,
                             max_concurrency=1) as fan):
         await trio.sleep(0.5)
-        assert len(fan.queued) == 2 and fan.queued < fan.running
+        assert (len(fan.queued), len(fan.running)) == (2, 1)  # disjoint
+        assert not fan.queued & fan.running
         async for event in fan.events:
             if isinstance(event, StreamFinished):
                 seen.append((event.stream, set(fan.queued), set(fan.running)))
     sizes = [len(q) for _, q, _ in seen]  # when a freed slot is taken depends on scheduling
     assert sizes == sorted(sizes, reverse=True) and sizes[-1] == 0
-    assert all(queued <= running and stream not in queued for stream, queued, running in seen)
+    assert all(not queued & running and stream not in queued | running
+               for stream, queued, running in seen)
     assert not fan.queued and not fan.running
 
 
@@ -433,3 +435,15 @@ async def test_cancel_a_queued_stream(autojump_clock: MockClock) -> None:
     assert b.timings.queued == pytest.approx(0.5)
     assert fan.results["a"].outcome is Outcome.COMPLETED
     assert len(script.requests) == 1
+
+
+async def test_others_running_counts_the_streams_in_flight_when_one_ends(
+        autojump_clock: MockClock) -> None:
+    script = Script([stream(*text_steps(1, 1.0)), stream(*text_steps(3, 1.0)),
+                     stream(*text_steps(3, 1.0))])
+    together, _ = await run(script, request("a"), request("b"), request("c"))
+    assert together["a"].others_running == 2  # b and c were still streaming
+    assert sorted(together[k].others_running for k in "bc") == [0, 1]
+    one_at_a_time, _ = await run(Script([stream(*text_steps(1, 1.0))]), request("a"),
+                                 request("b"), max_concurrency=1)
+    assert [r.others_running for r in one_at_a_time.values()] == [0, 0]  # queued is not running
