@@ -6,9 +6,10 @@ A config is TOML (read with the stdlib ``tomllib``)::
     base_url = "https://relay.example/v1"   # or "embedded": the in-process upstream
     api_key_env = "RELAY_API_KEY"           # the *name* of the variable holding the key
     headers = { "X-Title" = "fanout" }
+    require_finish_reason = true            # false: [DONE] alone completes a stream
 
-    [deadlines]                             # seconds; every one optional
-    connect = 10
+    [deadlines]                             # seconds, or false to disable one;
+    connect = 10                            # unset ones keep fanout's defaults
     first_token = 60
     idle = 30
     total = 300
@@ -105,6 +106,8 @@ class ModelConfig:
     params: Mapping[str, Any] = attrs.field(factory=dict)
     deadlines: Deadlines | None = None
     concurrency: int | None = None
+    #: The deadlines this model's table set (``None``: disabled), over ``[deadlines]``.
+    deadline_overrides: Mapping[str, float | None] = attrs.field(factory=dict, repr=False)
 
 
 @final
@@ -122,6 +125,7 @@ class Config:
     max_concurrency: int | None = None
     per_model_concurrency: int | None = None
     strict: bool = False
+    require_finish_reason: bool = True
 
     @property
     def embedded(self) -> bool:
@@ -158,10 +162,9 @@ class Config:
 
     def deadlines_for(self, model: ModelConfig) -> Deadlines:
         """``[deadlines]`` with the model's own deadlines over them, key by key."""
-        if model.deadlines is None:
+        if not model.deadline_overrides:
             return self.deadlines
-        own = {k: v for k, v in attrs.asdict(model.deadlines).items() if v is not None}
-        return attrs.evolve(self.deadlines, **own)
+        return attrs.evolve(self.deadlines, **model.deadline_overrides)
 
     def per_model_caps(self, models: Iterable[ModelConfig]) -> dict[str, int] | int | None:
         """``per_model_concurrency`` for ``open_fanout``: model id -> cap."""
@@ -195,7 +198,8 @@ class Config:
                                   f"{self.api_key_env} is not set (or empty)")
         else:
             key = env.get("OPENAI_API_KEY") or None
-        return Endpoint(base_url, key, dict(self.headers))
+        return Endpoint(base_url, key, dict(self.headers),
+                        require_finish_reason=self.require_finish_reason)
 
 
 def find_config(explicit: str | os.PathLike[str] | None = None,
@@ -266,7 +270,12 @@ class _Checker:
         self.keys(data, "top level",
                   ("endpoint", "deadlines", "concurrency", "parser", "compare", "models"))
         endpoint = self.table(data, "endpoint")
-        self.keys(endpoint, "[endpoint]", ("base_url", "api_key_env", "headers"))
+        self.keys(endpoint, "[endpoint]",
+                  ("base_url", "api_key_env", "headers", "require_finish_reason"))
+        require_finish_reason = endpoint.get("require_finish_reason", True)
+        if not isinstance(require_finish_reason, bool):
+            raise self.fail("[endpoint] require_finish_reason",
+                            f"must be true or false, not {_kind(require_finish_reason)}")
         base_url = self.string(endpoint, "base_url", "[endpoint]")
         if base_url is not None and base_url != EMBEDDED:
             _check_url(base_url, f"{self.source}: [endpoint] base_url")
@@ -277,7 +286,7 @@ class _Checker:
                             "variable (like RELAY_API_KEY), not the key itself")
         headers = self.headers(endpoint.get("headers", {}))
 
-        deadlines = self.deadlines(self.table(data, "deadlines"), "[deadlines]")
+        deadlines = Deadlines(**self.deadlines(self.table(data, "deadlines"), "[deadlines]"))
         concurrency = self.table(data, "concurrency")
         self.keys(concurrency, "[concurrency]", ("max", "per_model"))
         parser = self.table(data, "parser")
@@ -311,7 +320,7 @@ class _Checker:
             models=models, compare=tuple(compare_models), deadlines=deadlines,
             max_concurrency=self.count(concurrency, "max", "[concurrency]"),
             per_model_concurrency=self.count(concurrency, "per_model", "[concurrency]"),
-            strict=strict)
+            strict=strict, require_finish_reason=require_finish_reason)
 
     def model(self, raw: Any, number: int) -> ModelConfig:
         where = f"[[models]] #{number}"
@@ -334,14 +343,16 @@ class _Checker:
         for reserved in _RESERVED_PARAMS:
             if reserved in params:
                 raise self.fail(f"{where} params", f"must not set {reserved!r}: fanout sets it")
-        deadlines = None
+        overrides: dict[str, float | None] = {}
         if "deadlines" in raw:
             if not isinstance(raw["deadlines"], dict):
                 raise self.fail(f"{where} deadlines",
                                 f"must be a table, not {_kind(raw['deadlines'])}")
-            deadlines = self.deadlines(raw["deadlines"], f"{where} deadlines")
-        return ModelConfig(name=name, id=model_id, params=params, deadlines=deadlines,
-                           concurrency=self.count(raw, "concurrency", where))
+            overrides = self.deadlines(raw["deadlines"], f"{where} deadlines")
+        return ModelConfig(name=name, id=model_id, params=params,
+                           deadlines=Deadlines(**overrides) if overrides else None,
+                           concurrency=self.count(raw, "concurrency", where),
+                           deadline_overrides=overrides)
 
     def string(self, table: Mapping[str, Any], key: str, where: str, *,
                required: bool = False) -> str | None:
@@ -362,14 +373,20 @@ class _Checker:
             raise self.fail(f"{where} {key}", f"must be a whole number >= 1, not {_kind(value)}")
         return value
 
-    def deadlines(self, table: Mapping[str, Any], where: str) -> Deadlines:
+    def deadlines(self, table: Mapping[str, Any], where: str) -> dict[str, float | None]:
+        """The deadlines a table sets: seconds, or ``false`` to disable one."""
         self.keys(table, where, _DEADLINES)
+        checked: dict[str, float | None] = {}
         for key, value in table.items():
+            if value is False:
+                checked[key] = None
+                continue
             if isinstance(value, bool) or not isinstance(value, int | float) or (
                     math.isnan(value) or value <= 0):
-                raise self.fail(f"{where} {key}",
-                                f"must be a number of seconds > 0, not {_kind(value)}")
-        return Deadlines(**table)
+                raise self.fail(f"{where} {key}", f"must be a number of seconds > 0 (or false "
+                                f"to disable it), not {_kind(value)}")
+            checked[key] = value
+        return checked
 
     def headers(self, value: Any) -> dict[str, str]:
         where = "[endpoint] headers"

@@ -17,7 +17,7 @@ import random
 from collections.abc import AsyncIterator, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from contextlib import asynccontextmanager
-from typing import final
+from typing import TypedDict, Unpack, final
 
 import httpx
 import trio
@@ -26,11 +26,20 @@ from ._channel import EventChannel
 from .core.events import Event
 from .core.result import StreamResult
 from .core.sse import DEFAULT_MAX_EVENT_SIZE
-from .net.stream import DEFAULT_RETRY, StreamRunner
+from .net.stream import StreamRunner
 from .net.transport import make_client
-from .request import Deadlines, Endpoint, RetryPolicy, StreamRequest
+from .request import (
+    DEFAULT_MAX_RESPONSE_BYTES,
+    Deadlines,
+    Endpoint,
+    RetryPolicy,
+    StreamRequest,
+    StreamSettings,
+)
 
-__all__ = ["Fanout", "open_fanout", "run_fanout"]
+DEFAULT_RETRY = RetryPolicy()
+
+__all__ = ["Fanout", "FanoutOptions", "open_fanout", "run_fanout"]
 
 DEFAULT_BUFFER = 1024
 
@@ -47,7 +56,7 @@ class Fanout:
     def __init__(self, nursery: trio.Nursery, endpoint: Endpoint, client: httpx.AsyncClient,
                  send: trio.MemorySendChannel[Event],
                  receive: trio.MemoryReceiveChannel[Event], *, buffer: int,
-                 options: dict[str, object],
+                 settings: StreamSettings, rng: random.Random,
                  max_concurrency: int | None,
                  per_model_concurrency: int | Mapping[str, int] | None) -> None:
         self._nursery = nursery
@@ -60,7 +69,8 @@ class Fanout:
         self._runners: dict[str, StreamRunner] = {}
         self._running: set[str] = set()
         self._queued: set[str] = set()
-        self._options = options
+        self._settings = settings
+        self._rng = rng
         self._global = trio.CapacityLimiter(max_concurrency) if max_concurrency else None
         self._per_model_setting = per_model_concurrency
         self._per_model: dict[str, trio.CapacityLimiter] = {}
@@ -94,10 +104,9 @@ class Fanout:
         if request.key in self._runners:
             raise ValueError(f"stream key {request.key!r} is already in this fan-out")
         send = self._send.clone()  # one per producer: the consumer sees the end
-        runner = StreamRunner(self._client, self._endpoint, request, send,
-                              on_result=self._store, others_running=self._others_running,
-                              on_slot=self._slot_taken,
-                              **self._options)  # type: ignore[arg-type]
+        runner = StreamRunner(self._client, self._endpoint, request, send, self._settings,
+                              rng=self._rng, on_result=self._store,
+                              others_running=self._others_running, on_slot=self._slot_taken)
         self._runners[request.key] = runner
         self._queued.add(request.key)
         self._nursery.start_soon(self._run, runner, send, barrier,
@@ -166,11 +175,11 @@ class Fanout:
         del self._runners[key]
         return result
 
-    def cancel_all(self) -> None:
+    def cancel_all(self, reason: str = "cancelled by the caller") -> None:
         """Cancel every stream that has not finished, queued or running (what leaving
-        the block does)."""
+        the block does); each ends ``cancelled`` with ``reason``."""
         for key in [*self._running, *self._queued]:
-            self._runners[key].cancel()
+            self._runners[key].cancel(reason)
 
 
 class _Barrier:
@@ -204,16 +213,21 @@ async def open_fanout(
     start_together: bool = False,
     accept_more: bool = False,
     max_event_size: int = DEFAULT_MAX_EVENT_SIZE,
-    max_response_bytes: int | None = None,
+    max_response_bytes: int | None = DEFAULT_MAX_RESPONSE_BYTES,
     seed: int | None = None,
 ) -> AsyncIterator[Fanout]:
     """Stream every request at once through ``endpoint``; yield the running ``Fanout``.
 
     ``max_concurrency`` caps streams in flight, ``per_model_concurrency`` caps
     them per model (one number, or a mapping model -> cap).  ``deadlines`` are
-    the default per-stream deadlines (a request's own win); ``deadline`` is
-    for the whole fan-out, in seconds.  ``retry`` says when an attempt is
-    tried again.  ``buffer`` bounds the event channel (default: 16 events a
+    the default per-stream deadlines (a request's own win; ``None``: the
+    documented ``Deadlines()`` defaults, so no server can hang a stream
+    forever; ``Deadlines.none()`` disables them); ``deadline`` is for the whole
+    fan-out, in seconds.  ``retry`` says when an attempt is tried again (a
+    request's own wins).  ``max_response_bytes`` (64 MiB by default, ``None``
+    for no cap) ends an endless stream with its output kept;
+    ``max_event_size`` bounds one event.  Keys must be unique (``ValueError``
+    before anything is sent).  ``buffer`` bounds the event channel (default: 16 events a
     stream in flight, at least 1,024: a bounded buffer, so a consumer that
     stops reading stops the streams).  ``client``: your own
     ``httpx.AsyncClient`` (fanout builds one sized to the concurrency
@@ -225,6 +239,12 @@ async def open_fanout(
     with its ``StreamFinished`` and its result in ``fan.results``.
     """
     initial = list(requests)
+    keys: set[str] = set()
+    for request in initial:
+        if request.key in keys:  # before anything is sent, and not in an exception group
+            raise ValueError(f"stream key {request.key!r} is used twice; keys name streams "
+                             "and must be unique within a fan-out")
+        keys.add(request.key)
     if buffer is None:
         buffer = max(DEFAULT_BUFFER, 16 * (max_concurrency or len(initial)))
     if buffer < 0:
@@ -238,16 +258,15 @@ async def open_fanout(
     own_client = client is None
     if client is None:
         client = make_client(max_concurrency or min(max(len(initial), 100), 10_000))
+    settings = StreamSettings(
+        deadlines=Deadlines() if deadlines is None else deadlines, retry=retry, strict=strict,
+        max_event_size=max_event_size, max_response_bytes=max_response_bytes,
+        fanout_deadline=trio.current_time() + deadline if deadline else math.inf)
     send, receive = trio.open_memory_channel[Event](buffer)
-    options: dict[str, object] = {
-        "deadlines": deadlines, "retry": retry, "strict": strict,
-        "max_event_size": max_event_size, "max_response_bytes": max_response_bytes,
-        "fanout_deadline": trio.current_time() + deadline if deadline else math.inf,
-        "rng": random.Random(seed),
-    }
     try:
         async with trio.open_nursery() as nursery:
-            fan = Fanout(nursery, endpoint, client, send, receive, buffer=buffer, options=options,
+            fan = Fanout(nursery, endpoint, client, send, receive, buffer=buffer,
+                         settings=settings, rng=random.Random(seed),
                          max_concurrency=max_concurrency,
                          per_model_concurrency=per_model_concurrency)
             barrier = _Barrier(len(initial)) if start_together and initial else None
@@ -258,7 +277,7 @@ async def open_fanout(
             try:
                 yield fan
             finally:
-                fan.cancel_all()
+                fan.cancel_all("cancelled: the fan-out's block ended before the stream did")
                 fan.seal()
                 # Close our end first: a final event sent to nobody must not block.
                 fan.events.close()
@@ -283,14 +302,37 @@ def _check_fits(requests: list[StreamRequest], max_concurrency: int | None,
                              f"its concurrency cap of {cap}")
 
 
+class FanoutOptions(TypedDict, total=False):
+    """The keyword options of ``open_fanout``, for ``run_fanout``'s typed ``**options``."""
+
+    max_concurrency: int | None
+    per_model_concurrency: int | Mapping[str, int] | None
+    deadlines: Deadlines | None
+    deadline: float | None
+    retry: RetryPolicy
+    buffer: int | None
+    client: httpx.AsyncClient | None
+    strict: bool
+    start_together: bool
+    max_event_size: int
+    max_response_bytes: int | None
+    seed: int | None
+
+
 async def run_fanout(endpoint: Endpoint, requests: Iterable[StreamRequest],
-                     **options: object) -> dict[str, StreamResult]:
+                     **options: Unpack[FanoutOptions]) -> dict[str, StreamResult]:
     """Run every request to its end; return key -> result in request order.
 
-    Takes the keyword options of ``open_fanout``.
+    Takes the keyword options of ``open_fanout`` (type-checked: a misspelt one
+    is an error), except ``accept_more``: nothing could submit more or seal.
+    Cancelled from outside, it returns nothing; to keep the results then, use
+    ``open_fanout`` and read ``fan.results`` after the block.
     """
+    if "accept_more" in options:
+        raise TypeError("run_fanout takes no accept_more: nothing could submit or seal; "
+                        "use open_fanout for a fan-out that accepts more")
     requests = list(requests)
-    async with open_fanout(endpoint, requests, **options) as fan:  # type: ignore[arg-type]
+    async with open_fanout(endpoint, requests, **options) as fan:
         async for _ in fan.events:
             pass
     return {request.key: fan.results[request.key] for request in requests}

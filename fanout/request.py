@@ -19,7 +19,21 @@ from typing import Any
 import attrs
 from attrs import validators as v
 
-__all__ = ["Deadlines", "Endpoint", "RetryPolicy", "StreamRequest", "content_key"]
+from .core.redact import Redactor
+from .core.sse import DEFAULT_MAX_EVENT_SIZE
+
+__all__ = [
+    "DEFAULT_MAX_RESPONSE_BYTES",
+    "Deadlines",
+    "Endpoint",
+    "RetryPolicy",
+    "StreamRequest",
+    "StreamSettings",
+    "content_key",
+]
+
+#: 64 MiB: an endless stream ends there with its output kept (a long answer is ~100 KiB).
+DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 
 
 def _positive_or_none(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -75,13 +89,17 @@ class Endpoint:
     """One OpenAI-compatible relay: a base URL ending in ``/v1`` and one key.
 
     ``repr`` never shows the key; neither does anything fanout prints,
-    records or raises.
+    records or raises.  ``require_finish_reason=False`` is for a relay known
+    to omit finish reasons: its streams complete on ``[DONE]`` alone (flagged
+    ``no_finish_reason``), where normally ``[DONE]`` without any finish reason
+    is a cut stream (``truncated``).
     """
 
     base_url: str = attrs.field(converter=_base_url)
     api_key: str | None = attrs.field(default=None, repr=False,
                                       validator=v.optional(v.instance_of(str)))
     headers: Mapping[str, str] = attrs.field(factory=dict, converter=_str_dict)
+    require_finish_reason: bool = attrs.field(default=True, validator=v.instance_of(bool))
 
     def __attrs_post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
@@ -95,56 +113,84 @@ class Endpoint:
     def chat_url(self) -> str:
         return f"{self.base_url}/chat/completions"
 
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """What must never be shown: the key (for the parser's ``Redactor``)."""
+        return (self.api_key,) if self.api_key else ()
+
     def redact(self, text: str) -> str:
         """``text`` with the key (if it appears) replaced by ``***``."""
-        if self.api_key and len(self.api_key) >= 4:
-            text = text.replace(self.api_key, "***")
-        return text
+        return Redactor(self.secrets).text(text)
 
 
 @attrs.frozen
 class Deadlines:
-    """Per-stream deadlines in seconds; each optional.
+    """Per-stream deadlines in seconds.  ``None`` disables one.
 
     ``connect``: to open the connection.  ``first_byte``: from the request to
-    the first body byte.  ``first_token``: from the request to the first
+    the first body byte (a server that never answers, or drips its headers
+    forever, ends here).  ``first_token``: from the request to the first
     content delta.  ``idle``: the longest gap between events once the response
     began (keep-alive comments do not count as events: a relay can send them
-    forever while the model is stuck).  ``total``: the whole stream, retries
-    included, from when it got its concurrency slot.
+    forever while the model is stuck; bytes that never complete an event do
+    not count either).  ``total``: the whole stream, retries included, from
+    when it got its concurrency slot.
+
+    The defaults bound every stream, so no server can hang a fan-out forever:
+    connect 10 s, first byte 300 s, idle 300 s (a reasoning model may think
+    silently for minutes), total 3600 s; no first-token deadline.
+    ``Deadlines(idle=30)`` keeps the other defaults; ``Deadlines.none()``
+    disables all of them.
     """
 
-    connect: float | None = attrs.field(default=None, validator=_positive_or_none)
-    first_byte: float | None = attrs.field(default=None, validator=_positive_or_none)
+    connect: float | None = attrs.field(default=10.0, validator=_positive_or_none)
+    first_byte: float | None = attrs.field(default=300.0, validator=_positive_or_none)
     first_token: float | None = attrs.field(default=None, validator=_positive_or_none)
-    idle: float | None = attrs.field(default=None, validator=_positive_or_none)
-    total: float | None = attrs.field(default=None, validator=_positive_or_none)
+    idle: float | None = attrs.field(default=300.0, validator=_positive_or_none)
+    total: float | None = attrs.field(default=3600.0, validator=_positive_or_none)
+
+    @classmethod
+    def none(cls) -> Deadlines:
+        """No deadline at all (the caller bounds the streams some other way)."""
+        return cls(connect=None, first_byte=None, first_token=None, idle=None, total=None)
 
 
 @attrs.frozen
 class RetryPolicy:
     """When and how a stream is tried again.
 
-    Retried: connect errors and ``statuses``, only before an attempt delivered
-    any content (after that a retry would duplicate text and cost).  The wait
-    is exponential (``initial`` doubling up to ``maximum``) with full jitter,
-    or what ``Retry-After`` / ``retry-after-ms`` said (up to
-    ``max_retry_after``), and never past the stream's ``total`` deadline.
-    ``attempts`` counts the first try: 1 disables retries.
-    ``retry_after_spread``: a Retry-After wait is lengthened by up to this
-    fraction, at random, so streams refused together do not all come back at
-    the same instant (0, the default: exactly what the server said).
+    Retried, only before an attempt delivered any content (after that a retry
+    would duplicate text and cost): connect errors, ``statuses``, and a 2xx
+    response that delivered nothing (an empty body, a cut before the first
+    token, ``[DONE]`` alone).  Final at once: any other 4xx, and a 5xx whose
+    body names a validation error (the same request fails the same way).
+    ``attempts`` counts the first try (1 disables retries); 429s may use all
+    of them, every other failure at most ``failure_attempts`` (a broken server
+    is not a busy one).  The wait is exponential (``initial`` doubling up to
+    ``maximum``) with full jitter, or what ``Retry-After`` /
+    ``retry-after-ms`` said (up to ``max_retry_after``), and never past the
+    stream's ``total`` deadline.  ``retry_after_spread``: a Retry-After wait
+    is lengthened by up to this fraction, at random, so streams refused
+    together do not all come back at the same instant (0, the default:
+    exactly what the server said).
     """
 
     attempts: int = attrs.field(default=3, validator=[v.instance_of(int), v.ge(1)])
     initial: float = attrs.field(default=0.5, validator=v.ge(0))
     maximum: float = attrs.field(default=8.0, validator=v.ge(0))
-    statuses: frozenset[int] = attrs.field(default=frozenset({429, 500, 502, 503, 504}),
-                                           converter=_statuses)
+    statuses: frozenset[int] = attrs.field(
+        default=frozenset({408, 409, 429, 500, 502, 503, 504}), converter=_statuses)
+    failure_attempts: int = attrs.field(default=3, validator=[v.instance_of(int), v.ge(1)])
+    empty_responses: bool = True
     connect_errors: bool = True
     max_retry_after: float = attrs.field(default=60.0, validator=v.ge(0))
     jitter: bool = True
     retry_after_spread: float = attrs.field(default=0.0, validator=v.ge(0))
+
+    def allows(self, status: int | None, attempt: int) -> bool:
+        """Another attempt may follow attempt number ``attempt`` that failed this way."""
+        budget = self.attempts if status == 429 else min(self.attempts, self.failure_attempts)
+        return attempt < budget
 
     def backoff(self, retry_number: int, rng: random.Random) -> float:
         """The wait before retry ``retry_number`` (1 for the first retry)."""
@@ -189,7 +235,9 @@ class StreamRequest:
     event of the stream carries it as ``.stream``.  ``params`` go into the
     request body as they are (``temperature``, ``max_tokens``, ...).
     ``deadlines`` override the fan-out's defaults.  ``tools`` are sent and
-    used to validate tool-call arguments.
+    used to validate tool-call arguments.  ``headers`` are sent over the
+    endpoint's (never ``Authorization``: the key is the endpoint's);
+    ``retry`` overrides the fan-out's retry policy for this stream.
     """
 
     key: str = attrs.field(validator=_nonempty_str)
@@ -201,10 +249,20 @@ class StreamRequest:
                                               validator=v.optional(v.instance_of(Deadlines)))
     tools: Sequence[Mapping[str, Any]] | None = attrs.field(
         default=None, converter=_tools_tuple)
+    headers: Mapping[str, str] = attrs.field(factory=dict, converter=_str_dict)
+    retry: RetryPolicy | None = attrs.field(default=None,
+                                            validator=v.optional(v.instance_of(RetryPolicy)))
 
     def __attrs_post_init__(self) -> None:
         if not self.messages:
             raise ValueError(f"stream {self.key!r}: messages must not be empty")
+        for name, value in self.headers.items():
+            if not isinstance(name, str) or not isinstance(value, str):
+                raise ValueError(f"stream {self.key!r}: headers must map strings to strings, "
+                                 f"not {name!r}: {type(value).__name__}")
+            if name.lower() in ("authorization", "x-api-key"):
+                raise ValueError(f"stream {self.key!r}: headers must not carry {name}: the key "
+                                 "is the endpoint's")
         for reserved in ("model", "messages", "stream", "tools"):
             if reserved in self.params:
                 raise ValueError(f"stream {self.key!r}: params must not set {reserved!r}; "
@@ -219,6 +277,47 @@ class StreamRequest:
             body["tools"] = list(self.tools)
         return body
 
+    @property
+    def expected_choices(self) -> int:
+        """How many choices were asked for (``n``, default 1)."""
+        n = self.params.get("n")
+        return n if type(n) is int and n > 0 else 1
+
+    @property
+    def expects_usage(self) -> bool:
+        """Whether the request asks for a usage chunk (``stream_options.include_usage``)."""
+        options = self.body().get("stream_options")
+        return isinstance(options, Mapping) and bool(options.get("include_usage"))
+
     def content_key(self, endpoint: Endpoint) -> str:
         return content_key(endpoint.base_url, self.model, list(self.messages), self.params,
                            list(self.tools or ()))
+
+
+def _positive_int_or_none(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{attribute.name} must be a whole number >= 1 or None, not {value!r}")
+
+
+@attrs.frozen
+class StreamSettings:
+    """What every stream of a fan-out is run with: one value, validated, with its defaults.
+
+    ``open_fanout`` builds it from its keywords; a request's own ``deadlines``
+    and ``retry`` win over ``deadlines`` and ``retry`` here.  ``fanout_deadline``
+    is the whole fan-out's end on trio's clock (``inf``: none).
+    ``max_response_bytes`` (default 64 MiB) ends an endless stream with its
+    output kept; ``None`` removes the cap.
+    """
+
+    deadlines: Deadlines = attrs.field(factory=Deadlines,
+                                       validator=v.instance_of(Deadlines))
+    retry: RetryPolicy = attrs.field(factory=RetryPolicy, validator=v.instance_of(RetryPolicy))
+    strict: bool = attrs.field(default=False, validator=v.instance_of(bool))
+    max_event_size: int = attrs.field(default=DEFAULT_MAX_EVENT_SIZE,
+                                      validator=[v.instance_of(int), v.ge(1)])
+    max_response_bytes: int | None = attrs.field(default=DEFAULT_MAX_RESPONSE_BYTES,
+                                                 validator=_positive_int_or_none)
+    fanout_deadline: float = attrs.field(default=math.inf, validator=v.instance_of(float))

@@ -25,7 +25,10 @@ async def main() -> None:
             elif isinstance(event, fanout.StreamFinished):
                 result: fanout.StreamResult = event.result
                 ttft: float | None = result.timings.ttft if result.timings else None
-    results: dict[str, fanout.StreamResult] = await fanout.run_fanout(endpoint, requests)
+    results: dict[str, fanout.StreamResult] = await fanout.run_fanout(
+        endpoint, requests, max_concurrency=4, deadlines=deadlines, seed=1)
+    flags: tuple[fanout.Flag, ...] = results["a"].flags
+    reason: str | None = results["a"].reason
     outcome: fanout.Outcome = results["a"].outcome
     config: fanout.Config = fanout.load_config()
     model: fanout.ModelConfig = config.model("fast")
@@ -41,3 +44,20 @@ def test_typed_user_code_passes_mypy_strict(tmp_path: Path) -> None:
     out, err, status = api.run(["--strict", "--no-incremental", "--cache-dir", str(tmp_path),
                                 str(source)])
     assert status == 0, out + err
+
+
+MISSPELT = '''
+import fanout
+
+async def main(endpoint: fanout.Endpoint) -> None:
+    await fanout.run_fanout(endpoint, [], max_concurency=4)
+'''
+
+
+def test_a_misspelt_run_fanout_option_is_a_type_error(tmp_path: Path) -> None:
+    source = tmp_path / "misspelt.py"
+    source.write_text(MISSPELT)
+    out, _err, status = api.run(["--strict", "--no-incremental", "--cache-dir", str(tmp_path),
+                                str(source)])
+    assert status == 1
+    assert 'Unexpected keyword argument "max_concurency"' in out, out

@@ -9,16 +9,26 @@ Cancel scopes, from the outside in:
   comments); the name of the one that fired is recorded.
 
 Every expected failure ends as data on the ``StreamResult``; only bugs
-propagate.  The final ``StreamFinished`` is sent even when the stream is
-cancelled from outside (shielded; the fan-out closes its receiving end
-before waiting for its streams, so that send cannot block forever).
+propagate.  The final ``StreamFinished`` is sent whatever ends the stream:
+its own end, ``cancel()``, a cancellation from outside (plain, or grouped in
+a ``BaseExceptionGroup`` by a nursery underneath), Ctrl-C, or a bug (then
+the exception goes on after it).  It is sent shielded; the fan-out closes
+its receiving end before waiting for its streams, so that send cannot block
+forever.
+
+Everything the server sends reaches the result through the attempt's
+``StreamParser``, which redacts the endpoint's key (body, error bodies,
+headers, and the errors recorded here).
 """
 
 from __future__ import annotations
 
+import errno
 import math
 import random
-from collections.abc import Awaitable, Callable
+import re
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -27,7 +37,6 @@ import httpx
 import trio
 
 from .._exceptions import ProtocolError
-from ..core.chat import error_from_response
 from ..core.events import (
     CONTENT_EVENTS,
     Event,
@@ -38,18 +47,20 @@ from ..core.events import (
 )
 from ..core.parser import StreamParser
 from ..core.result import Attempt, Outcome, StreamError, StreamResult, Timings
-from ..core.sse import DEFAULT_MAX_EVENT_SIZE
-from ..request import Deadlines, Endpoint, RetryPolicy, StreamRequest
+from ..request import Endpoint, StreamRequest, StreamSettings
 
-__all__ = ["DEFAULT_RETRY", "StreamRunner"]
+__all__ = ["DEFAULT_SETTINGS", "StreamRunner"]
 
-DEFAULT_RETRY = RetryPolicy()
+DEFAULT_SETTINGS = StreamSettings()
 
 MAX_ERROR_BODY = 64 * 1024
-MAX_JSON_BODY = 64 * 1024 * 1024
-INTERESTING_HEADERS = ("content-type", "x-request-id", "request-id", "openai-processing-ms",
-                       "retry-after", "retry-after-ms", "openai-model")
+INTERESTING_HEADERS = ("content-type", "content-encoding", "x-request-id", "request-id",
+                       "openai-processing-ms", "retry-after", "retry-after-ms", "openai-model")
 _CONTENT = frozenset(CONTENT_EVENTS)
+#: An error the same request will meet again: retrying it only costs.
+_DETERMINISTIC = re.compile(r"validation error|input should be|invalid_request_error", re.I)
+#: Inflated bytes handed to the parser at a time: a small gzip body can hold gigabytes.
+_INFLATE_PIECE = 64 * 1024
 
 
 @attrs.define
@@ -63,6 +74,7 @@ class _AttemptEnd:
     timed_out: str | None = None
     body_started: bool = False
     broken: bool = False  # a transport error after a 2xx response began
+    connect_failed: bool = False
 
 
 class StreamRunner:
@@ -74,40 +86,37 @@ class StreamRunner:
         endpoint: Endpoint,
         request: StreamRequest,
         channel: trio.MemorySendChannel[Event],
+        settings: StreamSettings = DEFAULT_SETTINGS,
         *,
-        deadlines: Deadlines | None = None,
-        retry: RetryPolicy = DEFAULT_RETRY,
-        fanout_deadline: float = math.inf,
-        strict: bool = False,
-        max_event_size: int = DEFAULT_MAX_EVENT_SIZE,
-        max_response_bytes: int | None = None,
         rng: random.Random | None = None,
         on_result: Callable[[StreamRunner, StreamResult], None] | None = None,
         others_running: Callable[[StreamRunner], int] | None = None,
         on_slot: Callable[[StreamRunner], None] | None = None,
     ) -> None:
-        self.on_slot = on_slot  # called once the stream holds its concurrency slots
         self.client = client
-        self.others_running = others_running  # how many other streams hold a slot now
-        self.on_result = on_result  # called with the result just before StreamFinished
         self.endpoint = endpoint
         self.request = request
         self.channel = channel
+        self.settings = settings
+        self.on_result = on_result  # called with the result just before StreamFinished
+        self.others_running = others_running  # how many other streams hold a slot now
+        self.on_slot = on_slot  # called once the stream holds its concurrency slots
         self._deaf = False  # the consumer closed its end: events go nowhere, results stay
-        self.deadlines = request.deadlines or deadlines or Deadlines()
-        self.retry = retry
-        self.fanout_deadline = fanout_deadline
-        self.strict = strict
-        self.max_event_size = max_event_size
-        self.max_response_bytes = max_response_bytes
+        self.deadlines = request.deadlines or settings.deadlines
+        self.retry = request.retry or settings.retry
+        self.fanout_deadline = settings.fanout_deadline
         self.rng = rng or random.Random()
         self.key = request.key
         self.content_key = request.content_key(endpoint)
         self.scope = trio.CancelScope()
         self.cancel_requested = False
+        self.cancel_reason = "cancelled by the caller"
         self.result: StreamResult | None = None
         self._origin: float | None = None  # when the stream got its slot
         self._points: dict[str, float] = {}
+        self._first_sent: float | None = None
+        self._pool_wait = 0.0  # waiting for a connection of the client's pool: queueing
+        self._asked: float | None = None  # this attempt handed its request to the client
         self._gaps: list[float] = []
         self._attempt_deadlines: dict[str, float] = {}
         self._attempt_scope: trio.CancelScope | None = None
@@ -125,9 +134,11 @@ class StreamRunner:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self._deaf = True
 
-    def cancel(self) -> None:
-        """Cancel the stream: it ends ``cancelled``, keeping what arrived."""
-        self.cancel_requested = True
+    def cancel(self, reason: str = "cancelled by the caller") -> None:
+        """Cancel the stream: it ends ``cancelled`` with this reason, keeping what arrived."""
+        if not self.cancel_requested:
+            self.cancel_requested = True
+            self.cancel_reason = reason
         self.scope.cancel()
 
     @property
@@ -160,14 +171,18 @@ class StreamRunner:
             if self.scope.cancelled_caught and not self.cancel_requested:
                 timed_out = ("total" if self.scope.deadline < self.fanout_deadline
                              else "fanout")
-        except trio.Cancelled:
-            # Cancelled from outside (the fan-out is closing, or Ctrl-C):
-            # still exactly one final event, then let the cancellation go on.
-            result = self._finish(attempts, submitted, None, cancelled=True)
+        except BaseException as exc:
+            # From outside: a cancellation (plain, or grouped by a nursery below us),
+            # Ctrl-C, or a bug.  Still exactly one final event with what arrived,
+            # then the exception goes on.
+            outcome, reason = _interrupted(exc)
+            result = self._finish(attempts, submitted, None, outcome=outcome, reason=reason)
             with trio.CancelScope(shield=True):
                 await self._send_final(result)
             raise
-        result = self._finish(attempts, submitted, timed_out, cancelled=self.cancel_requested)
+        result = self._finish(attempts, submitted, timed_out,
+                              outcome=Outcome.CANCELLED if self.cancel_requested else None,
+                              reason=self.cancel_reason if self.cancel_requested else None)
         with trio.CancelScope(shield=True):  # the one final event is never lost
             await self._send_final(result)
         return result
@@ -175,10 +190,15 @@ class StreamRunner:
     # -- attempts ----------------------------------------------------------------
 
     def _new_parser(self) -> StreamParser:
-        return StreamParser(strict=self.strict, tools=self.request.tools,
-                            max_event_size=self.max_event_size,
-                            max_response_bytes=self.max_response_bytes,
-                            stream=self.key, content_key=self.content_key)
+        settings, endpoint, request = self.settings, self.endpoint, self.request
+        return StreamParser(strict=settings.strict, tools=request.tools,
+                            max_event_size=settings.max_event_size,
+                            max_response_bytes=settings.max_response_bytes,
+                            stream=self.key, content_key=self.content_key,
+                            secrets=endpoint.secrets,
+                            require_finish_reason=endpoint.require_finish_reason,
+                            expect_choices=request.expected_choices,
+                            expect_usage=request.expects_usage)
 
     async def _attempts(self, attempts: list[Attempt]) -> None:
         waited = 0.0
@@ -189,8 +209,9 @@ class StreamRunner:
             self._last = end = _AttemptEnd()
             self._current = (number, waited)
             await self._attempt(number, parser, end)
+            end.retryable = self._retryable(end, parser)
             attempts.append(Attempt(number, end.status, end.error, waited, end.delivered))
-            if not (end.retryable and not end.delivered and number < self.retry.attempts):
+            if not (end.retryable and self.retry.allows(end.status, number)):
                 return
             wait = end.retry_after
             if wait is None:
@@ -204,6 +225,30 @@ class StreamRunner:
             await trio.sleep(wait)
             waited = wait
 
+    def _retryable(self, end: _AttemptEnd, parser: StreamParser) -> bool:
+        """May this attempt be tried again?  Never after content; never a failure the
+        same request meets again."""
+        if end.delivered:
+            return False
+        retry = self.retry
+        if end.timed_out is not None:
+            return end.timed_out == "connect" and retry.connect_errors
+        if end.connect_failed:
+            return retry.connect_errors
+        error = end.error
+        deterministic = error is not None and bool(_DETERMINISTIC.search(
+            f"{error.message} {error.type or ''}"))
+        if end.status is not None and not 200 <= end.status < 300:
+            return end.status in retry.statuses and not deterministic
+        if error is not None:  # a 2xx: the connection broke, or an error event came first
+            return error.type not in ("protocol_error", "not_event_stream") and not deterministic
+        if end.status is not None and retry.empty_responses:
+            result = parser.result()  # a 2xx that ended without delivering anything
+            if result.outcome is Outcome.TRUNCATED:
+                end.error = StreamError(result.reason or "no content", "no_content")
+                return True
+        return False
+
     def _mark(self, point: str) -> None:
         assert self._origin is not None
         self._points[point] = trio.current_time() - self._origin
@@ -212,6 +257,28 @@ class StreamRunner:
         assert self._attempt_scope is not None
         self._attempt_scope.deadline = min(self._attempt_deadlines.values(), default=math.inf)
 
+    async def _trace(self, name: str, info: dict[str, Any]) -> None:
+        """httpcore's trace hook: its first event means a connection was ours.
+
+        Until then the request waited for the client's pool, which is queueing,
+        not the model's latency: the wait moves ``request_sent`` and the
+        attempt's deadlines, and counts in ``Timings.queued``.
+        """
+        if self._asked is None:
+            return
+        waited = trio.current_time() - self._asked
+        self._asked = None
+        if waited > 0:
+            self._pool_wait += waited
+            self._mark("request_sent")
+            if self._current[0] == 1:
+                self._first_sent = self._points["request_sent"]
+            for deadline in ("first_byte", "first_token"):
+                if deadline in self._attempt_deadlines:
+                    self._attempt_deadlines[deadline] += waited
+            if self._attempt_scope is not None:
+                self._set_deadlines()
+
     async def _attempt(self, number: int, parser: StreamParser, end: _AttemptEnd) -> None:
         deadlines = self.deadlines
         self._points = {}
@@ -219,39 +286,49 @@ class StreamRunner:
         self._stop_reading = False
         self._mark("request_sent")
         sent = trio.current_time()
+        if self._first_sent is None:
+            self._first_sent = self._points["request_sent"]
         self._attempt_deadlines = {}
         if deadlines.first_byte:
             self._attempt_deadlines["first_byte"] = sent + deadlines.first_byte
         if deadlines.first_token:
             self._attempt_deadlines["first_token"] = sent + deadlines.first_token
-        headers = {**self.endpoint.headers, "accept": "text/event-stream",
-                   "accept-encoding": "identity"}
+        ours = {**self.endpoint.headers, **self.request.headers}
+        headers = {**ours, "accept": "text/event-stream", "accept-encoding": "identity"}
         if self.endpoint.api_key:
             headers["authorization"] = f"Bearer {self.endpoint.api_key}"
-        timeout = httpx.Timeout(connect=deadlines.connect or 30.0, read=None, write=30.0,
-                                pool=None)
+        connect = deadlines.connect
+        timeout = httpx.Timeout(connect=connect, read=None, write=30.0, pool=None)
         with trio.CancelScope() as scope:
             self._attempt_scope = scope
             self._set_deadlines()
             try:
-                async with self.client.stream("POST", self.endpoint.chat_url,
-                                              json=self.request.body(), headers=headers,
-                                              timeout=timeout) as response:
+                request = self.client.build_request(
+                    "POST", self.endpoint.chat_url, json=self.request.body(), headers=headers,
+                    timeout=timeout, extensions={"trace": self._trace})
+                if not any(name.lower() == "cookie" for name in ours):
+                    # No stream sends what another stream's server set in the client's jar.
+                    request.headers.pop("cookie", None)
+                self._asked = trio.current_time()
+                response = await self.client.send(request, stream=True)
+                try:
                     await self._response(number, response, parser, end)
+                finally:
+                    await response.aclose()
             except httpx.ConnectTimeout:
                 end.timed_out = "connect"
-                end.retryable = self.retry.connect_errors
                 end.error = self._fail(parser, StreamError(
-                    f"no connection within {deadlines.connect or 30.0:g} s", "timeout",
-                    "connect"))
+                    f"no connection within {connect:g} s" if connect else "connect timed out",
+                    "timeout", "connect"))
             except httpx.ConnectError as exc:
-                end.retryable = self.retry.connect_errors
-                end.error = self._fail(parser, self._transport_error(exc))
+                end.connect_failed = True
+                end.error = self._fail(parser, _transport_error(exc))
             except httpx.TransportError as exc:
-                end.error = self._fail(parser, self._transport_error(exc))
+                end.error = self._fail(parser, _transport_error(exc))
                 # The connection broke after a 2xx began the stream: the body was cut short.
                 end.broken = end.status is not None and 200 <= end.status < 300
         self._attempt_scope = None
+        self._asked = None
         if scope.cancelled_caught and not self._stop_reading:
             name = min(self._attempt_deadlines, key=self._attempt_deadlines.__getitem__)
             end.timed_out = name
@@ -270,14 +347,16 @@ class StreamRunner:
         kept = {name: response.headers[name] for name in INTERESTING_HEADERS
                 if name in response.headers}
         kept.update((k, v) for k, v in response.headers.items() if k.startswith("x-ratelimit-"))
-        await self._deliver([StreamStarted(number, response.status_code, kept, self.key,
-                                           self.content_key)], end)
+        await self._deliver([StreamStarted(number, response.status_code, parser.headers(kept),
+                                           self.key, self.content_key)], end)
+        inflater = _Inflater.for_encoding(response.headers.get("content-encoding", ""))
+        if isinstance(inflater, StreamError):
+            end.error = self._fail(parser, inflater)
+            return
         if not 200 <= response.status_code < 300:
-            body = await _read_bounded(response, MAX_ERROR_BODY)
-            error = error_from_response(response.status_code, body, response.reason_phrase)
-            end.error = self._fail(parser, error)
-            parser.status = response.status_code
-            end.retryable = response.status_code in self.retry.statuses
+            body = await _read_bounded(response, MAX_ERROR_BODY, inflater)
+            end.error = parser.fail_http(response.status_code, body,
+                                         response.reason_phrase).error
             end.retry_after = self.retry.retry_after(response.headers)
             return
         idle = self.deadlines.idle
@@ -286,14 +365,15 @@ class StreamRunner:
             self._set_deadlines()
         content_type = response.headers.get("content-type", "")
         if content_type and "event-stream" not in content_type:
-            body = await _read_bounded(response, self.max_response_bytes or MAX_JSON_BODY)
+            limit = self.settings.max_response_bytes or 64 * 1024 * 1024
+            body = await _read_bounded(response, limit, inflater)
             if body:
                 self._mark("first_byte")
-            await self._deliver(parser.feed_completion(body), end)
+            await self._deliver(parser.feed_completion(body, content_type), end)
             end.error = parser.result().error
             return
         last_event: float | None = None
-        async for data in response.aiter_bytes():
+        async for raw in _body(response):
             if self._stop_reading:
                 continue  # cancelled: the cancellation lands inside httpx's iterator
             if not end.body_started:
@@ -301,25 +381,30 @@ class StreamRunner:
                 self._mark("first_byte")
                 if self._attempt_deadlines.pop("first_byte", None) is not None:
                     self._set_deadlines()
-            try:
-                events = parser.feed(data)
-            except ProtocolError:
-                events = []  # strict mode: the parser recorded it and stopped
-            if events:
-                now = trio.current_time()
-                if last_event is not None:
-                    self._gaps.append(now - last_event)
-                last_event = now
-                self._points["last_event"] = now - (self._origin or 0.0)
-                if end.answered:  # the hot path: no coroutine unless the buffer is full
-                    rest = self._send_ready(events)
-                    if rest:
-                        await self._deliver_waiting(rest)
-                else:
-                    await self._deliver(events, end)
-                if idle:  # re-armed after delivery: a slow consumer is not an idle upstream
-                    self._attempt_deadlines["idle"] = trio.current_time() + idle
-                    self._set_deadlines()
+            for data in (inflater.pieces(raw) if inflater is not None else (raw,)):
+                try:
+                    events = parser.feed(data)
+                except ProtocolError:
+                    events = []  # strict mode: the parser recorded it and stopped
+                if events:
+                    now = trio.current_time()
+                    if last_event is not None:
+                        self._gaps.append(now - last_event)
+                    last_event = now
+                    self._points["last_event"] = now - (self._origin or 0.0)
+                    if end.answered:  # the hot path: no coroutine unless the buffer is full
+                        rest = self._send_ready(events)
+                        if rest:
+                            await self._deliver_waiting(rest)
+                    else:
+                        await self._deliver(events, end)
+                    if idle:  # re-armed after delivery: a slow consumer is not an idle upstream
+                        self._attempt_deadlines["idle"] = trio.current_time() + idle
+                        self._set_deadlines()
+                if parser.stopped:
+                    break
+            if inflater is not None and inflater.error is not None and not parser.stopped:
+                parser.fail(inflater.error)
             if parser.stopped:
                 # Stop reading by cancelling, never by `break` or an exception
                 # out of this loop: either would leave httpx's nested async
@@ -390,18 +475,11 @@ class StreamRunner:
 
     # -- the end -----------------------------------------------------------------
 
-    def _transport_error(self, exc: httpx.TransportError) -> StreamError:
-        message = str(exc) or type(exc).__name__
-        return StreamError(self.endpoint.redact(f"{type(exc).__name__}: {message}"),
-                           "transport_error", type(exc).__name__)
-
     def _fail(self, parser: StreamParser, error: StreamError) -> StreamError:
-        redacted = attrs.evolve(error, message=self.endpoint.redact(error.message))
-        parser.fail(redacted)
-        return redacted
+        return parser.fail(error).error  # the parser redacts it
 
     def _finish(self, attempts: list[Attempt], submitted: float, timed_out: str | None, *,
-                cancelled: bool) -> StreamResult:
+                outcome: Outcome | None = None, reason: str | None = None) -> StreamResult:
         parser = self._parser
         number, waited = self._current
         end = self._last
@@ -411,8 +489,10 @@ class StreamRunner:
         if self._origin is not None:
             self._mark("end")
         gaps = sorted(self._gaps)
+        slot_wait = (trio.current_time() if self._origin is None else self._origin) - submitted
         timings = Timings(
-            queued=(trio.current_time() if self._origin is None else self._origin) - submitted,
+            queued=slot_wait + self._pool_wait,
+            first_request_sent=self._first_sent,
             request_sent=self._points.get("request_sent"),
             headers=self._points.get("headers"),
             first_byte=self._points.get("first_byte"),
@@ -424,9 +504,8 @@ class StreamRunner:
             gap_p50=(gaps[(len(gaps) - 1) // 2] + gaps[len(gaps) // 2]) / 2 if gaps else None,
             gap_p95=gaps[min(len(gaps) - 1, math.ceil(0.95 * len(gaps)) - 1)] if gaps else None,
         )
-        outcome: Outcome | None = None
-        if cancelled:
-            outcome, timed_out = Outcome.CANCELLED, None
+        if outcome is not None:
+            timed_out = None
         elif timed_out is not None:
             outcome = Outcome.TIMED_OUT
             if timed_out in ("total", "fanout"):
@@ -434,10 +513,12 @@ class StreamRunner:
                 parser.fail(StreamError(
                     f"the {timed_out} deadline" + (f" of {limit:g} s" if limit else "")
                     + " passed", "timeout", timed_out))
+            error = parser.result().error
+            reason = error.message if error is not None else f"the {timed_out} deadline passed"
         elif self._last is not None and self._last.broken:
             outcome = Outcome.TRUNCATED  # the error stays on the result: it says why
         result = parser.result(outcome, timed_out=timed_out, attempts=tuple(attempts),
-                               timings=timings)
+                               timings=timings, reason=reason)
         if self.others_running is not None:
             result = attrs.evolve(result, others_running=self.others_running(self))
         return result
@@ -449,17 +530,130 @@ class StreamRunner:
         await self.emit(StreamFinished(result, self.key, self.content_key))
 
 
-async def _read_bounded(response: httpx.Response, limit: int) -> bytes:
-    """At most ``limit`` bytes of the body; stops by cancelling, never ``break``
-    (leaving ``aiter_bytes`` early leaks ResourceWarnings: httpx #3686)."""
+def _interrupted(exc: BaseException) -> tuple[Outcome, str]:
+    """The outcome and reason of a stream ended by an exception from outside."""
+    leaves = list(_leaves(exc)) if isinstance(exc, BaseExceptionGroup) else [exc]
+    if any(isinstance(leaf, KeyboardInterrupt) for leaf in leaves):
+        return Outcome.CANCELLED, "interrupted (Ctrl-C)"
+    if all(isinstance(leaf, trio.Cancelled) for leaf in leaves):
+        return Outcome.CANCELLED, "cancelled from outside the fan-out (a cancel scope or deadline)"
+    bug = next(leaf for leaf in leaves if not isinstance(leaf, trio.Cancelled))
+    return Outcome.ERROR, f"internal error: {type(bug).__name__}: {bug}"
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            yield from _leaves(exc)
+        else:
+            yield exc
+
+
+def _transport_error(exc: httpx.TransportError) -> StreamError:
+    """One line that says what happened on the wire, with the OS's own reason."""
+    message = str(exc) or type(exc).__name__
+    os_error = _os_error(exc)
+    code = type(exc).__name__
+    if os_error is not None and os_error.errno in (errno.EMFILE, errno.ENFILE):
+        return StreamError("too many open files: the process ran out of file descriptors "
+                           "(raise the limit with `ulimit -n`, or lower the concurrency)",
+                           "transport_error", "too_many_open_files")
+    if os_error is not None and os_error.errno == errno.ECONNREFUSED:
+        return StreamError(f"connection refused ({code}: {message})", "transport_error", code)
+    if os_error is not None and os_error.errno in (errno.ECONNRESET, errno.EPIPE):
+        return StreamError(f"connection reset by the server ({code}: {message})",
+                           "transport_error", "connection_reset")
+    if isinstance(exc, httpx.RemoteProtocolError):
+        return StreamError(f"the server closed the connection mid-response ({code}: {message})",
+                           "transport_error", code)
+    return StreamError(f"{code}: {message}", "transport_error", code)
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno is not None:
+            return current
+        if isinstance(current, BaseExceptionGroup):
+            for inner in current.exceptions:
+                found = _os_error(inner)
+                if found is not None:
+                    return found
+        current = current.__cause__ or current.__context__
+    return None
+
+
+class _Inflater:
+    """A gzip or deflate body, inflated in bounded pieces.
+
+    fanout asks for ``identity``; a server that compresses anyway is read,
+    but never inflated all at once: a few megabytes of gzip can hold
+    gigabytes, and the parser's response cap must hold after inflating.
+    """
+
+    def __init__(self) -> None:
+        self._inflate = zlib.decompressobj(wbits=47)  # gzip or zlib header, detected
+        self.error: StreamError | None = None
+
+    @classmethod
+    def for_encoding(cls, header: str) -> _Inflater | StreamError | None:
+        encoding = header.strip().lower()
+        if encoding in ("", "identity"):
+            return None
+        if encoding in ("gzip", "x-gzip", "deflate"):
+            return cls()
+        return StreamError(f"the body is {encoding[:40]}-encoded, which fanout cannot read "
+                           "(it asks for identity)", "protocol_error", "content_encoding")
+
+    def pieces(self, data: bytes) -> Iterator[bytes]:
+        try:
+            out = self._inflate.decompress(data, _INFLATE_PIECE)
+            while True:
+                if out:
+                    yield out
+                tail = self._inflate.unconsumed_tail
+                if not tail and len(out) < _INFLATE_PIECE:
+                    return
+                out = self._inflate.decompress(tail, _INFLATE_PIECE)
+        except zlib.error as exc:
+            self.error = StreamError(f"the compressed body is corrupt: {exc}", "protocol_error",
+                                     "content_encoding")
+
+
+def _body(response: httpx.Response) -> AsyncIterator[bytes]:
+    """The body as it came off the wire (never decoded by httpx: see ``_Inflater``)."""
+    if response.is_stream_consumed:  # a response built with its content (a test double)
+        return _Once(response.content)
+    return response.aiter_raw()
+
+
+class _Once(AsyncIterator[bytes]):
+    def __init__(self, data: bytes) -> None:
+        self._data: bytes | None = data
+
+    async def __anext__(self) -> bytes:
+        data, self._data = self._data, None
+        if not data:
+            raise StopAsyncIteration
+        return data
+
+
+async def _read_bounded(response: httpx.Response, limit: int,
+                        inflater: _Inflater | None = None) -> bytes:
+    """At most ``limit`` bytes of the (inflated) body; stops by cancelling, never
+    ``break`` (leaving ``aiter_raw`` early leaks ResourceWarnings: httpx #3686)."""
     parts: list[bytes] = []
     size = 0
     with trio.CancelScope() as scope:
-        async for data in response.aiter_bytes():
+        async for raw in _body(response):
             if size >= limit:
                 continue  # cancelled: the cancellation lands inside httpx's iterator
-            parts.append(data[: limit - size])
-            size += len(data)
-            if size >= limit:
-                scope.cancel()
+            for data in (inflater.pieces(raw) if inflater is not None else (raw,)):
+                parts.append(data[: limit - size])
+                size += len(data)
+                if size >= limit:
+                    scope.cancel()
+                    break
     return b"".join(parts)

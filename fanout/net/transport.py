@@ -16,6 +16,7 @@ import itertools
 import math
 import ssl
 from collections.abc import Sequence
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 
 import httpx
 
@@ -53,7 +54,8 @@ def make_client(
 
     No read or pool timeout (fanout's deadlines are trio cancel scopes), no
     redirects (the key must go only to the configured URL), no proxies or
-    credentials from the environment.
+    credentials from the environment, and a cookie jar that keeps nothing:
+    one stream's server never sets a cookie another stream sends.
     """
     if max_connections < 1:
         raise ValueError(f"max_connections must be at least 1, not {max_connections}")
@@ -72,4 +74,5 @@ def make_client(
                               pool=None),
         follow_redirects=False,
         trust_env=False,
+        cookies=httpx.Cookies(CookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))),
     )

@@ -170,7 +170,8 @@ async def test_429_honours_retry_after_then_succeeds(autojump_clock: MockClock) 
 
 async def test_exponential_backoff_and_bounded_attempts(autojump_clock: MockClock) -> None:
     script = Script([status(503)])
-    results, events = await run(script, retry=RetryPolicy(attempts=4, initial=0.5, jitter=False))
+    results, events = await run(script, retry=RetryPolicy(attempts=4, failure_attempts=4,
+                                                            initial=0.5, jitter=False))
     result = results["s"]
     assert (result.outcome, len(script.requests)) == (Outcome.ERROR, 4)
     assert [e.wait for e in events if isinstance(e, StreamRetrying)] == [0.5, 1.0, 2.0]
@@ -179,7 +180,8 @@ async def test_exponential_backoff_and_bounded_attempts(autojump_clock: MockCloc
 
 async def test_full_jitter_stays_under_the_ceiling(autojump_clock: MockClock) -> None:
     script = Script([status(500)])
-    _, events = await run(script, retry=RetryPolicy(attempts=6, initial=1.0, maximum=4.0),
+    _, events = await run(script, retry=RetryPolicy(attempts=6, failure_attempts=6, initial=1.0,
+                                                     maximum=4.0),
                           seed=3)
     waits = [e.wait for e in events if isinstance(e, StreamRetrying)]
     assert len(waits) == 5
