@@ -37,6 +37,7 @@ class Context:
     attempts: dict[str, int] = attrs.Factory(dict)  # conversation -> requests seen
     streaming: dict[str, int] = attrs.Factory(dict)  # model -> its streams open now
     captures: Mapping[str, Path] = attrs.Factory(dict)
+    cookies_seen: list[str] = attrs.Factory(list)  # every request's Cookie header, in order
     _loaded: dict[str, Capture] = attrs.Factory(dict)
 
     def capture(self, name: str) -> Capture | None:
