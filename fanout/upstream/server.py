@@ -42,6 +42,10 @@ from .plans import (
 __all__ = ["RunningUpstream", "UpstreamStats", "open_upstream", "serve_upstream"]
 
 MAX_REQUEST_BODY = 16 * 1024 * 1024
+# Pauses this long or longer watch the socket, so a client that leaves is noticed at once.
+# Shorter ones just sleep: a write fails within two of them anyway, and watching costs a
+# poller registration per pause, which the paced benchmark would feel.
+WATCH_PAUSES = 0.25
 
 
 @attrs.define(eq=False)
@@ -168,8 +172,10 @@ class _Upstream:
         except (trio.BrokenResourceError, trio.ClosedResourceError, h11.LocalProtocolError):
             pass  # the client went away, or we already stopped this connection
         finally:
-            await trio.aclose_forcefully(stream)
-            self.stats._closed()
+            try:
+                await trio.aclose_forcefully(stream)
+            finally:
+                self.stats._closed()
 
     async def _respond(self, connection: h11.Connection, stream: trio.SocketStream,
                        plan: Plan) -> bool:
@@ -233,7 +239,9 @@ class _Upstream:
                 await stream.send_all(writer.data(b"".join(held)))
                 held, held_size = [], 0
             if isinstance(step, Pause):
-                if not await _sleep_until(connection, stream, due):
+                if due - trio.current_time() < WATCH_PAUSES:
+                    await trio.sleep_until(due)  # a closed peer shows at the next writes
+                elif not await _sleep_until(connection, stream, due):
                     return False  # the client went away meanwhile
             elif isinstance(step, Hang):
                 await _sleep_until(connection, stream, math.inf)
@@ -293,7 +301,8 @@ async def _sleep_until(connection: h11.Connection, stream: trio.SocketStream,
     Watching means a client that closes during a long pause (or a hang) is
     noticed at once, not at the next write: its connection closes, and the
     plan's steps are closed (slots and counts given back).  Bytes the client
-    sends meanwhile (a pipelined request) go to h11 for the next cycle.
+    sends meanwhile (a pipelined request) go to h11 for the next cycle.  A
+    client that half-closes (sends EOF but still reads) counts as gone.
     """
     while trio.current_time() < deadline:
         with trio.move_on_at(deadline):
