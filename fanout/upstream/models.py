@@ -2,7 +2,9 @@
 
 Scripted models (``mock/*``) give deterministic answers from the seed and
 the prompt.  Fault models (``fault/*``) break a stream the ways real relays
-do.  ``replay/<capture>`` serves a recorded body with its recorded timing.
+and hostile servers do.  ``slot/*`` models share one generation slot, as a
+llama.cpp server does: a new request cuts the stream that holds it.
+``replay/<capture>`` serves a recorded body with its recorded timing.
 A model id may carry arguments after ``:`` (``fault/429:3``) and a
 fragmenting mode after ``@`` (``mock/fast@byte``).
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +25,36 @@ from .capture import Capture
 from .corpus import REASONING, cut, example_arguments, fragments, rng_for
 from .plans import Abort, ChatRequest, Hang, Pause, Plan, Send, Step, error_plan, json_plan
 
-__all__ = ["MODELS", "Context", "ModelSpec", "plan_chat"]
+__all__ = ["MODELS", "Context", "ModelSpec", "Slot", "plan_chat"]
 
 SSE_HEADERS = (("content-type", "text/event-stream; charset=utf-8"),
                ("cache-control", "no-cache"), ("x-accel-buffering", "no"))
 DONE = b"data: [DONE]\n\n"
+
+
+@attrs.define
+class Slot:
+    """The one generation slot all ``slot/*`` streams share (llama.cpp's
+    ``interrupt_requests``): each request takes it, and the stream that held
+    it notices before its next chunk that it was cut."""
+
+    holder: int | None = None  # the ticket of the stream holding the slot, if any
+    issued: int = 0  # tickets issued: slot/* requests seen
+    cuts: int = 0  # streams cut by a later request
+
+    def take(self) -> int:
+        """A new request's ticket: it holds the slot now, whoever held it before."""
+        self.issued += 1
+        self.holder = self.issued
+        return self.issued
+
+    def holds(self, ticket: int) -> bool:
+        return self.holder == ticket
+
+    def release(self, ticket: int) -> None:
+        """Give the slot back, if ``ticket`` still holds it (a cut stream does not)."""
+        if self.holder == ticket:
+            self.holder = None
 
 
 @attrs.define
@@ -38,6 +66,7 @@ class Context:
     streaming: dict[str, int] = attrs.Factory(dict)  # model -> its streams open now
     captures: Mapping[str, Path] = attrs.Factory(dict)
     cookies_seen: list[str] = attrs.Factory(list)  # every request's Cookie header, in order
+    slot: Slot = attrs.Factory(Slot)  # the slot/* models' one slot
     _loaded: dict[str, Capture] = attrs.Factory(dict)
 
     def capture(self, name: str) -> Capture | None:
@@ -160,15 +189,25 @@ class _Chunks:
 
     def __init__(self, request: ChatRequest) -> None:
         rng = rng_for(request.seed, request.model, request.prompt, "id")
-        self.head = {"id": f"chatcmpl-mock{rng.getrandbits(64):016x}",
-                     "object": "chat.completion.chunk", "created": int(time.time()),
-                     "model": request.model, "system_fingerprint": "fp_fanout_mock"}
+        self.head: dict[str, Any] = {
+            "id": f"chatcmpl-mock{rng.getrandbits(64):016x}", "object": "chat.completion.chunk",
+            "created": int(time.time()), "model": request.model,
+            "system_fingerprint": "fp_fanout_mock"}
 
     def event(self, choices: list[dict[str, Any]], usage: Any = None) -> bytes:
         body = {**self.head, "choices": choices}
         if usage is not None:
             body["usage"] = usage
         return b"data: " + orjson.dumps(body) + b"\n\n"
+
+    def role(self, count: int) -> bytes:
+        """The first chunk: the assistant role for ``count`` choices."""
+        return self.event([{"index": i, "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None, "finish_reason": None} for i in range(count)])
+
+    def finish(self, answers: list[_Choice]) -> bytes:
+        return self.event([{"index": i, "delta": {}, "logprobs": None,
+                            "finish_reason": a.finish_reason} for i, a in enumerate(answers)])
 
     def part(self, index: int, part: tuple[Any, ...]) -> bytes:
         if part[0] == "tool":
@@ -210,22 +249,24 @@ def _pauses(request: ChatRequest, context: Context, default: float | tuple[float
 def _stream(request: ChatRequest, answers: list[_Choice], pauses: Iterator[float]
             ) -> Iterator[Step]:
     chunks = _Chunks(request)
-    yield Send(chunks.event([{"index": i, "delta": {"role": "assistant", "content": ""},
-                              "logprobs": None, "finish_reason": None}
-                             for i in range(len(answers))]))
-    for group in itertools.zip_longest(*(a.parts for a in answers)):
-        for index, part in enumerate(group):
-            if part is None:
-                continue
-            pause = next(pauses)
-            if pause:
-                yield Pause(pause)
-            yield Send(chunks.part(index, part))
-    yield Send(chunks.event([{"index": i, "delta": {}, "logprobs": None,
-                              "finish_reason": a.finish_reason} for i, a in enumerate(answers)]))
+    yield Send(chunks.role(len(answers)))
+    for index, part in _interleaved(answers):
+        pause = next(pauses)
+        if pause:
+            yield Pause(pause)
+        yield Send(chunks.part(index, part))
+    yield Send(chunks.finish(answers))
     if request.include_usage:
         yield Send(chunks.event([], _usage(request, answers)))
     yield Send(DONE)
+
+
+def _interleaved(answers: list[_Choice]) -> Iterator[tuple[int, tuple[Any, ...]]]:
+    """(choice index, part) in sending order: the choices take turns."""
+    for group in itertools.zip_longest(*(a.parts for a in answers)):
+        for index, part in enumerate(group):
+            if part is not None:
+                yield index, part
 
 
 def _completion(request: ChatRequest, answers: list[_Choice]) -> Plan:
@@ -255,16 +296,21 @@ def _scripted(kind: str, cadence: float | tuple[float, float] = 0.0, *,
         answers = _answer(request, kind)
         if not request.stream:
             return _completion(request, answers)
-        # ``mock/reasoning:0.04``: seconds between chunks for this request, over the
-        # server's --cadence (only an X-Fanout-Cadence header is more specific).
-        own = _arg(request, -1.0) if cadence_arg else -1.0
-        if own >= 0 and request.cadence is None:
-            pauses: Iterator[float] = itertools.repeat(own)
-        else:
-            pauses = _pauses(request, context, cadence)
+        pauses = _own_pauses(request, context, cadence) if cadence_arg else _pauses(
+            request, context, cadence)
         return Plan(200, SSE_HEADERS, steps=_stream(request, answers, pauses),
                     fragment=request.fragment)
     return plan
+
+
+def _own_pauses(request: ChatRequest, context: Context, default: float | tuple[float, float]
+                ) -> Iterator[float]:
+    """``mock/reasoning:0.04``: seconds between chunks for this request, over the
+    server's --cadence (only an X-Fanout-Cadence header is more specific)."""
+    own = _arg(request, -1.0)
+    if own >= 0 and request.cadence is None:
+        return itertools.repeat(own)
+    return _pauses(request, context, default)
 
 
 # ---------------------------------------------------------------- faults
@@ -426,17 +472,21 @@ def _busy(request: ChatRequest, context: Context) -> Plan:
     if plan.steps is None:
         return plan
     context.streaming[model] = context.streaming.get(model, 0) + 1
-    return attrs.evolve(plan, steps=_Counted(plan.steps, context.streaming, model))
+
+    def give_back() -> None:
+        context.streaming[model] -= 1
+
+    return attrs.evolve(plan, steps=_OnClose(plan.steps, give_back))
 
 
-class _Counted(Iterator[Step]):
-    """Steps that give their model's slot back once: at the end, or on ``close()``
-    (the server closes every plan's steps, even one it never started)."""
+class _OnClose(Iterator[Step]):
+    """Steps that run ``callback`` once: at their end, or on ``close()`` (the server
+    closes every plan's steps, even one it never started, which a generator's
+    ``finally`` would miss)."""
 
-    def __init__(self, steps: Iterable[Step], open_streams: dict[str, int], model: str) -> None:
+    def __init__(self, steps: Iterable[Step], callback: Callable[[], None]) -> None:
         self._steps = iter(steps)
-        self._open = open_streams
-        self._model = model
+        self._callback = callback
         self._closed = False
 
     def __next__(self) -> Step:
@@ -449,13 +499,69 @@ class _Counted(Iterator[Step]):
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self._open[self._model] -= 1
+            close = getattr(self._steps, "close", None)
+            if close is not None:
+                close()
+            self._callback()
 
 
 def _empty_200(request: ChatRequest, context: Context) -> Plan:
     if not request.stream:
         return Plan(200, (("content-type", "application/json"),), b"")
     return Plan(200, SSE_HEADERS, steps=())
+
+
+# ---------------------------------------------------------------- one slot (llama.cpp)
+
+def _slot(cut: str) -> Callable[[ChatRequest, Context], Plan]:
+    """``slot/<cut>``: mock text, at ``:SECONDS`` (default 0.02) between chunks, in the
+    server's one slot.  Taking the slot cuts the stream that held it, the ``cut`` way
+    of *that* stream's model."""
+    def plan(request: ChatRequest, context: Context) -> Plan:
+        ticket = context.slot.take()
+        answers = _answer(request, "text")
+        if not request.stream:
+            context.slot.release(ticket)  # answered at once: the slot is free again
+            return _completion(request, answers)
+        steps = _slot_stream(request, answers, _own_pauses(request, context, 0.02),
+                             context.slot, ticket, cut)
+        return Plan(200, SSE_HEADERS, steps=_OnClose(steps, partial(context.slot.release,
+                                                                     ticket)),
+                    fragment=request.fragment)
+    return plan
+
+
+def _slot_stream(request: ChatRequest, answers: list[_Choice], pauses: Iterator[float],
+                 slot: Slot, ticket: int, cut: str) -> Iterator[Step]:
+    """mock text that checks, before each chunk up to the finish, that it still holds the slot."""
+    chunks = _Chunks(request)
+    due: Iterator[tuple[float, bytes]] = itertools.chain(
+        [(0.0, chunks.role(len(answers)))],
+        ((next(pauses), chunks.part(index, part)) for index, part in _interleaved(answers)))
+    for pause, data in due:
+        if pause:
+            yield Pause(pause)
+        if not slot.holds(ticket):
+            slot.cuts += 1
+            yield from _slot_cut(cut, chunks, len(answers))
+            return
+        yield Send(data)
+    slot.release(ticket)  # generation is over: what is left is sent whatever comes in
+    yield Send(chunks.finish(answers))
+    if request.include_usage:
+        yield Send(chunks.event([], _usage(request, answers)))
+    yield Send(DONE)
+
+
+def _slot_cut(cut: str, chunks: _Chunks, count: int) -> Iterator[Step]:
+    if cut == "relay":  # a LiteLLM-style relay in front turns the cut into a finished answer
+        yield Send(chunks.event([{"index": i, "delta": {}, "finish_reason": "stop"}
+                                 for i in range(count)]))
+        yield Send(DONE)
+        return
+    yield Send(DONE)  # llama.cpp: [DONE], and no finish_reason for the cut choice
+    if cut == "broken":
+        yield Abort(b'data: {"choices":[{"index":0,"delta":{"content":"')
 
 
 # ---------------------------------------------------------------- replay
@@ -522,6 +628,13 @@ MODELS: dict[str, ModelSpec] = {spec.id: spec for spec in [
     ModelSpec("fault/busy", "429 + Retry-After while N streams of it are open (:N, default 4)",
               _busy),
     ModelSpec("fault/empty-200", "200 and an empty body", _empty_200),
+    ModelSpec("slot/clean", "llama.cpp's one slot: a new slot/* request cuts this stream: "
+              "[DONE], no finish_reason (:SECONDS between chunks, default 0.02)",
+              _slot("clean")),
+    ModelSpec("slot/broken", "as slot/clean, and after [DONE] the HTTP chunked framing breaks",
+              _slot("broken")),
+    ModelSpec("slot/relay", "as slot/clean behind a LiteLLM-style relay: the cut becomes "
+              "finish_reason stop, then [DONE]", _slot("relay")),
 ]}
 
 

@@ -150,3 +150,38 @@ async def chat(client: httpx.AsyncClient, model: str, *, headers: dict[str, str]
             except httpx.TransportError as exc:
                 error = exc
     return Reply(response.status_code, response.headers, reads, error)
+
+
+class RawConnection:
+    """One request on its own socket, read step by step: for tests of what arrives when."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.data = b""
+        self.closed = False  # the server closed (EOF) or reset the connection
+
+    @classmethod
+    async def start(cls, upstream: RunningUpstream, model: str, *,
+                    headers: dict[str, str] | None = None, **body: Any) -> RawConnection:
+        stream = await trio.open_tcp_stream("127.0.0.1", upstream.port)
+        await stream.send_all(request_bytes(model, headers=headers, **body))
+        return cls(stream)
+
+    async def read_until(self, done: bytes | None = None, *, count: int = 1) -> bytes:
+        """Read until ``done`` has arrived ``count`` times, or EOF (``None``: until EOF)."""
+        while not self.closed and (done is None or self.data.count(done) < count):
+            try:
+                data = await self.stream.receive_some(65536)
+            except trio.BrokenResourceError:
+                data = b""
+            if not data:
+                self.closed = True
+            self.data += data
+        return self.data
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+    @property
+    def body(self) -> Chunks:
+        return dechunk(self.data.partition(b"\r\n\r\n")[2])
