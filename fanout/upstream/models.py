@@ -25,7 +25,7 @@ from .capture import Capture
 from .corpus import REASONING, cut, example_arguments, fragments, rng_for
 from .plans import Abort, ChatRequest, Hang, Pause, Plan, Send, Step, error_plan, json_plan
 
-__all__ = ["MODELS", "Context", "ModelSpec", "Slot", "plan_chat"]
+__all__ = ["ECHO_MARKER", "ECHO_PLACES", "MODELS", "Context", "ModelSpec", "Slot", "plan_chat"]
 
 SSE_HEADERS = (("content-type", "text/event-stream; charset=utf-8"),
                ("cache-control", "no-cache"), ("x-accel-buffering", "no"))
@@ -564,6 +564,117 @@ def _slot_cut(cut: str, chunks: _Chunks, count: int) -> Iterator[Step]:
         yield Abort(b'data: {"choices":[{"index":0,"delta":{"content":"')
 
 
+# ---------------------------------------------------------------- hostile servers
+
+def _empty_stop(request: ChatRequest, context: Context) -> Plan:
+    """The role chunk, then ``finish_reason: "stop"`` with no content at all (LiteLLM's
+    answer to a context overflow, ``L10_context_overflow_stream``)."""
+    answers = [_Choice() for _ in range(request.n)]
+    if not request.stream:
+        return _completion(request, answers)
+    return Plan(200, SSE_HEADERS, steps=_stream(request, answers, iter(())),
+                fragment=request.fragment)
+
+
+ECHO_MARKER = "fanout-echo-no-authorization-header"  # echoed when no key was sent
+ECHO_PLACES = ("stream-error", "event-error", "http", "http-text", "json-200", "headers",
+               "meta", "skipped", "escaped", "all")
+
+
+def _escaped(text: str) -> bytes:
+    """``text`` as the inside of a JSON string, every UTF-16 unit a ``\\uXXXX`` escape."""
+    units = text.encode("utf-16-be")
+    return b"".join(b"\\u%02x%02x" % (units[i], units[i + 1]) for i in range(0, len(units), 2))
+
+
+def _echo_error(key: str) -> dict[str, Any]:
+    return {"message": f"Incorrect API key provided: {key}. You can find your API key at "
+            "https://example.invalid/keys (fanout mock echoes it).",
+            "type": key, "code": key, "param": key}
+
+
+def _echo_headers(key: str) -> tuple[tuple[str, str], ...]:
+    return (("x-request-id", key), ("openai-model", key), ("retry-after", key),
+            ("x-ratelimit-remaining-requests", key), ("set-cookie", f"fanout_echo={key}; Path=/"),
+            ("x-echo", key))
+
+
+def _echo_key(request: ChatRequest, context: Context) -> Plan:
+    """``fault/echo-key:WHERE``: the request's bearer token sent back, at WHERE."""
+    key = request.api_key or ECHO_MARKER
+    where = request.args[0] if request.args and request.args[0] else "all"
+    if where not in ECHO_PLACES:
+        return error_plan(400, f"fault/echo-key: {where!r} is not one of: "
+                          f"{', '.join(ECHO_PLACES)}", "invalid_request_error", param="model")
+    if where == "http":
+        error = _echo_error(key)
+        return error_plan(401, error["message"], key, param=key, code=key)
+    if where == "http-text":
+        return Plan(500, (("content-type", "text/plain; charset=utf-8"),),
+                    f"Internal Server Error: upstream refused Authorization: Bearer {key}\n"
+                    .encode())
+    headers = _echo_headers(key) if where in ("headers", "all") else ()
+    if where == "json-200" or (not request.stream and where != "headers"):
+        return json_plan(200, {"error": _echo_error(key)}, headers)
+    answers = _answer(request, "text")
+    if not request.stream:
+        return attrs.evolve(_completion(request, answers), headers=(
+            ("content-type", "application/json"), *headers))
+    return Plan(200, (*SSE_HEADERS, *headers), fragment=request.fragment,
+                steps=_echo_stream(request, answers, _pauses(request, context, 0.0), key, where))
+
+
+def _echo_stream(request: ChatRequest, answers: list[_Choice], pauses: Iterator[float],
+                 key: str, where: str) -> Iterator[Step]:
+    chunks = _Chunks(request)
+    if where in ("meta", "all"):
+        chunks.head.update(id=key, model=key, system_fingerprint=key)
+    yield Send(chunks.role(len(answers)))
+    parts = _interleaved(answers)
+    for index, part in itertools.islice(parts, 2):
+        pause = next(pauses)
+        if pause:
+            yield Pause(pause)
+        yield Send(chunks.part(index, part))
+    raw = key.encode("utf-8", "replace")
+    if where in ("skipped", "all"):
+        yield Send(b'data: {"error": {"message": "bad key ' + raw + b'"\n\n')  # invalid JSON
+        yield Send(b"data: " + orjson.dumps(f"upstream: your key is {key}") + b"\n\n")
+    if where in ("meta", "all"):
+        yield Send(chunks.event([{"index": 0, "delta": {"tool_calls": [{
+            "index": 0, "id": key, "type": "function",
+            "function": {"name": key, "arguments": "{}"}}]},
+            "logprobs": None, "finish_reason": None}]))
+    if where == "stream-error":
+        yield Send(b"data: " + orjson.dumps({"error": _echo_error(key)}) + b"\n\n")
+        return
+    if where == "event-error":
+        yield Send(b"event: error\ndata: " + orjson.dumps({"error": _echo_error(key)}) + b"\n\n")
+        return
+    if where == "escaped":
+        yield Send(b'data: {"error": {"message": "Incorrect API key provided: ' + _escaped(key)
+                   + b'", "type": "invalid_request_error", "code": "invalid_api_key", '
+                   b'"param": null}}\n\n')
+        return
+    if where == "all":  # the key in every field, and once more escaped in the message
+        error = _echo_error(key)
+        message = orjson.dumps(error.pop("message") + " Escaped: ")[:-1] + _escaped(key) + b'"'
+        yield Send(b'data: {"error": {"message": ' + message + b", "
+                   + orjson.dumps(error)[1:] + b"}\n\n")
+        return
+    for index, part in parts:  # headers, meta, skipped: the rest of a normal stream
+        pause = next(pauses)
+        if pause:
+            yield Pause(pause)
+        yield Send(chunks.part(index, part))
+    if where == "meta":
+        answers = [attrs.evolve(answers[0], finish_reason="tool_calls"), *answers[1:]]
+    yield Send(chunks.finish(answers))
+    if request.include_usage:
+        yield Send(chunks.event([], _usage(request, answers)))
+    yield Send(DONE)
+
+
 # ---------------------------------------------------------------- replay
 
 def plan_replay(request: ChatRequest, context: Context, name: str) -> Plan | None:
@@ -635,6 +746,11 @@ MODELS: dict[str, ModelSpec] = {spec.id: spec for spec in [
               _slot("broken")),
     ModelSpec("slot/relay", "as slot/clean behind a LiteLLM-style relay: the cut becomes "
               "finish_reason stop, then [DONE]", _slot("relay")),
+    ModelSpec("fault/empty-stop", "the role chunk, then finish_reason stop with no content",
+              _empty_stop),
+    ModelSpec("fault/echo-key", "echoes the bearer token back (:WHERE: stream-error, "
+              "event-error, http, http-text, json-200, headers, meta, skipped, escaped, all)",
+              _echo_key),
 ]}
 
 
