@@ -21,6 +21,7 @@ from typing import Any
 import attrs
 import orjson
 
+from .bomb import MIB, gzip_bomb
 from .capture import Capture
 from .corpus import REASONING, cut, example_arguments, fragments, rng_for
 from .plans import Abort, ChatRequest, Hang, Pause, Plan, Send, Step, error_plan, json_plan
@@ -675,6 +676,66 @@ def _echo_stream(request: ChatRequest, answers: list[_Choice], pauses: Iterator[
     yield Send(DONE)
 
 
+def _no_response(request: ChatRequest, context: Context) -> Plan:
+    """Read the request, then nothing at all: not even a status line."""
+    return Plan(200, raw=True, steps=[Hang()])
+
+
+def _drip_headers(request: ChatRequest, context: Context) -> Plan:
+    """A status line, then an endless header, one byte every ``:SECONDS`` (default 0.5)."""
+    seconds = _arg(request, 0.5)
+
+    def steps() -> Iterator[Step]:
+        yield Send(b"HTTP/1.1 200 OK\r\n")
+        for byte in itertools.chain(b"x-fanout-drip: ", itertools.repeat(ord("a"))):
+            yield Pause(seconds)
+            yield Send(bytes((byte,)))
+    return Plan(200, raw=True, steps=steps(), fragment=request.fragment or "event")
+
+
+DRIP_BODY = b'data: {"choices":[{"index":0,"delta":{"content":"'
+
+
+def _drip_body(request: ChatRequest, context: Context) -> Plan:
+    """SSE headers, then one byte every ``:SECONDS`` (default 0.5) of an event that never ends."""
+    seconds = _arg(request, 0.5)
+
+    def steps() -> Iterator[Step]:
+        for byte in itertools.chain(DRIP_BODY, itertools.repeat(ord("x"))):
+            yield Send(bytes((byte,)))
+            yield Pause(seconds)
+    return Plan(200, SSE_HEADERS, steps=steps(), fragment=request.fragment)
+
+
+def _gzipped(request: ChatRequest, context: Context) -> Plan:
+    """mock/fast, gzipped as it goes (``Accept-Encoding: identity`` or not)."""
+    return attrs.evolve(_scripted("text", cadence_arg=False)(request, context), gzip=True)
+
+
+def _gzip_bomb_plan(request: ChatRequest, context: Context) -> Plan:
+    """``:MB`` (default 1024) MiB of content chunks once inflated; about 1.7 KiB a MiB sent."""
+    mib = min(max(1, int(_arg(request, 1024))), 16 * 1024)
+    steps = (Send(piece) for piece in gzip_bomb(mib))
+    return Plan(200, (*SSE_HEADERS, ("content-encoding", "gzip"),
+                      ("x-fanout-inflated-bytes", str(mib * MIB))), steps=steps,
+                fragment=request.fragment)
+
+
+def _endless(request: ChatRequest, context: Context) -> Plan:
+    """Small content deltas forever, ``:SECONDS`` (default 0) apart."""
+    seconds = request.cadence if request.cadence is not None else _arg(request, 0.0)
+    pieces = fragments(rng_for(request.seed, request.name, request.prompt), 64)
+
+    def steps() -> Iterator[Step]:
+        chunks = _Chunks(request)
+        yield Send(chunks.role(1))
+        for piece in itertools.cycle(pieces):
+            if seconds:
+                yield Pause(seconds)
+            yield Send(chunks.part(0, ("content", piece)))
+    return Plan(200, SSE_HEADERS, steps=steps(), fragment=request.fragment)
+
+
 # ---------------------------------------------------------------- replay
 
 def plan_replay(request: ChatRequest, context: Context, name: str) -> Plan | None:
@@ -751,6 +812,18 @@ MODELS: dict[str, ModelSpec] = {spec.id: spec for spec in [
     ModelSpec("fault/echo-key", "echoes the bearer token back (:WHERE: stream-error, "
               "event-error, http, http-text, json-200, headers, meta, skipped, escaped, all)",
               _echo_key),
+    ModelSpec("fault/no-response", "reads the request, never sends a byte, keeps the socket",
+              _no_response),
+    ModelSpec("fault/drip-headers", "a status line, then an endless header, a byte every "
+              ":SECONDS (default 0.5)", _drip_headers),
+    ModelSpec("fault/drip-body", "SSE headers, then an event that never ends, a byte every "
+              ":SECONDS (default 0.5)", _drip_body),
+    ModelSpec("fault/gzip", "content-encoding gzip, whatever Accept-Encoding says",
+              _gzipped),
+    ModelSpec("fault/gzip-bomb", "a small gzip body that inflates to :MB MiB of SSE "
+              "(default 1024)", _gzip_bomb_plan),
+    ModelSpec("fault/endless", "content deltas that never end (:SECONDS between, default 0)",
+              _endless),
 ]}
 
 
