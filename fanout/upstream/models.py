@@ -12,6 +12,8 @@ fragmenting mode after ``@`` (``mock/fast@byte``).
 from __future__ import annotations
 
 import itertools
+import json
+import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from functools import partial
@@ -447,6 +449,10 @@ def _fails_first(status: int, default_times: int) -> Callable[[ChatRequest, Cont
         if status == 429:
             return _rate_limited(request, f"Rate limit reached (fanout mock: attempt {attempt} "
                                  f"of {times} refused).")
+        if status == 503:
+            return error_plan(503, "The engine is currently overloaded, please try again "
+                              f"later (fanout mock: attempt {attempt} of {times}).",
+                              "server_error", code="overloaded")
         return error_plan(status, f"The server had an error (fanout mock: attempt {attempt} of "
                           f"{times}).", "server_error")
     return plan
@@ -736,6 +742,143 @@ def _endless(request: ChatRequest, context: Context) -> Plan:
     return Plan(200, SSE_HEADERS, steps=steps(), fragment=request.fragment)
 
 
+def _many_choices(request: ChatRequest, context: Context) -> Plan:
+    """``:N`` (default 100000) chunks, each a one-character delta of a new choice index."""
+    count = max(1, int(_arg(request, 100_000)))
+
+    def steps() -> Iterator[Step]:
+        chunks = _Chunks(request)
+        for index in range(count):
+            yield Send(chunks.event([{"index": index, "delta": {"content": "x"},
+                                      "logprobs": None, "finish_reason": None}]))
+        yield Send(DONE)
+    return Plan(200, SSE_HEADERS, steps=steps(), fragment=request.fragment)
+
+
+def _many_tools(request: ChatRequest, context: Context) -> Plan:
+    """One choice whose ``:N`` (default 100000) tool-call deltas each open a new tool index."""
+    count = max(1, int(_arg(request, 100_000)))
+
+    def steps() -> Iterator[Step]:
+        chunks = _Chunks(request)
+        yield Send(chunks.role(1))
+        for index in range(count):
+            yield Send(chunks.event([{"index": 0, "delta": {"tool_calls": [{
+                "index": index, "id": f"call_{index}", "type": "function",
+                "function": {"name": "t", "arguments": "{}"}}]},
+                "logprobs": None, "finish_reason": None}]))
+        yield Send(chunks.event([{"index": 0, "delta": {}, "logprobs": None,
+                                  "finish_reason": "tool_calls"}]))
+        yield Send(DONE)
+    return Plan(200, SSE_HEADERS, steps=steps(), fragment=request.fragment)
+
+
+def _negative_index(request: ChatRequest, steps: Iterator[Step]) -> Iterator[Step]:
+    chunks = _Chunks(request)
+    yield from _until_sends(steps, 3)
+    yield Send(chunks.event([{"index": -1, "delta": {"content": "negative choice"},
+                              "logprobs": None, "finish_reason": None}]))
+    yield Send(chunks.event([{"index": 0, "delta": {"tool_calls": [{
+        "index": -1, "id": "call_negative", "type": "function",
+        "function": {"name": "negative", "arguments": "{}"}}]},
+        "logprobs": None, "finish_reason": None}]))
+    yield from steps
+
+
+BIG_INDEX = 2**64  # 18446744073709551616: one past the largest unsigned 64-bit integer
+BIG_COUNT = 10**30
+
+
+def _big_int(request: ChatRequest, steps: Iterator[Step]) -> Iterator[Step]:
+    head = _Chunks(request).head  # orjson refuses integers past 64 bits: json writes them
+
+    def event(body: dict[str, Any]) -> bytes:
+        return b"data: " + json.dumps({**head, **body}, separators=(",", ":")).encode() + b"\n\n"
+
+    yield from _until_sends(steps, 3)
+    yield Send(event({"choices": [{"index": BIG_INDEX, "delta": {"content": "big"},
+                                   "logprobs": None, "finish_reason": None}]}))
+    for step in steps:
+        if isinstance(step, Send) and step.data == DONE:
+            yield Send(event({"choices": [], "usage": {
+                "prompt_tokens": BIG_COUNT, "completion_tokens": BIG_COUNT,
+                "total_tokens": 2 * BIG_COUNT}}))
+        yield step
+
+
+HTML_PAGE = b"""<!DOCTYPE html>
+<html><head><title>Sign in to continue</title></head>
+<body><h1>Network login required</h1>
+<p>Please sign in to the guest network to continue.</p>
+<form method="post" action="/login"><input name="user"><input name="password" type="password">
+<button>Sign in</button></form></body></html>
+"""
+
+
+def _html(request: ChatRequest, context: Context) -> Plan:
+    """A captive portal's (or a proxy's) login page, 200 text/html, for any request."""
+    return Plan(200, (("content-type", "text/html; charset=utf-8"),), HTML_PAGE)
+
+
+def _json_body(request: ChatRequest, context: Context) -> Plan:
+    """A whole ``chat.completion`` as JSON, even when a stream was asked for."""
+    return _completion(request, _answer(request, "text"))
+
+
+def _json_error_200(request: ChatRequest, context: Context) -> Plan:
+    return json_plan(200, {"error": {
+        "message": "The upstream provider returned an error (fanout mock: a 200 that is not).",
+        "type": "upstream_error", "param": None, "code": "upstream_error"}})
+
+
+VALIDATION_MESSAGE = (
+    "litellm.InternalServerError: InternalServerError: OpenAIException - 1 validation error:\n"
+    "  {'type': 'float_parsing', 'loc': ('body', 'temperature'), 'msg': 'Input should be a "
+    "valid number, unable to parse string as a number', 'input': 'hot'}\n\n"
+    "LiteLLM: model group 'fanout-mock' failed with the error above. No fallback was attempted.")
+
+
+def _validation_500(request: ChatRequest, context: Context) -> Plan:
+    """A request error dressed as a 500, as LiteLLM sends it (``L11_bad_type``): retrying
+    it can never help."""
+    return error_plan(500, VALIDATION_MESSAGE, "internal_server_error", code="500")
+
+
+def _bad_request(request: ChatRequest, context: Context) -> Plan:
+    return error_plan(400, "Invalid 'messages[0].content': string too long. Expected a string "
+                      "with maximum length 1048576 (fanout mock).", "invalid_request_error",
+                      param="messages[0].content", code="string_above_max_length")
+
+
+def _first_k(default_times: int, bad: Callable[[ChatRequest], Iterable[Step]]
+             ) -> Callable[[ChatRequest, Context], Plan]:
+    """The first K streamed requests of a conversation get ``bad``'s stream, then mock/fast."""
+    base = _scripted("text", cadence_arg=False)
+
+    def plan(request: ChatRequest, context: Context) -> Plan:
+        times = int(_arg(request, default_times))
+        if context.attempt(request) > times or not request.stream:
+            return base(request, context)
+        return Plan(200, SSE_HEADERS, steps=bad(request), fragment=request.fragment)
+    return plan
+
+
+def _role_only(request: ChatRequest) -> Iterable[Step]:
+    return [Send(_Chunks(request).role(request.n))]
+
+
+def _done_only(request: ChatRequest) -> Iterable[Step]:
+    return [Send(DONE)]
+
+
+def _set_cookie(request: ChatRequest, context: Context) -> Plan:
+    """mock/fast with a new session cookie each time (``Context.cookies_seen`` records
+    the Cookie header of every request, this model's or not)."""
+    plan = _scripted("text", cadence_arg=False)(request, context)
+    cookie = ("set-cookie", f"fanout_session={secrets.token_hex(16)}; Path=/")
+    return attrs.evolve(plan, headers=(*plan.headers, cookie))
+
+
 # ---------------------------------------------------------------- replay
 
 def plan_replay(request: ChatRequest, context: Context, name: str) -> Plan | None:
@@ -824,6 +967,30 @@ MODELS: dict[str, ModelSpec] = {spec.id: spec for spec in [
               "(default 1024)", _gzip_bomb_plan),
     ModelSpec("fault/endless", "content deltas that never end (:SECONDS between, default 0)",
               _endless),
+    ModelSpec("fault/many-choices", "a one-character delta for a new choice index every "
+              "chunk, :N of them (default 100000)", _many_choices),
+    ModelSpec("fault/many-tools", "tool-call deltas, each a new tool index, :N of them "
+              "(default 100000)", _many_tools),
+    ModelSpec("fault/negative-index", "a chunk with choice index -1 and one with tool index -1",
+              _fault(_negative_index)),
+    ModelSpec("fault/big-int", "choice index 2**64 and usage counts of 10**30",
+              _fault(_big_int)),
+    ModelSpec("fault/html", "200 text/html: a captive portal's login page", _html),
+    ModelSpec("fault/json-body", "a whole chat.completion as JSON, even for a stream",
+              _json_body),
+    ModelSpec("fault/json-error-200", "200 application/json with an {\"error\"} body",
+              _json_error_200),
+    ModelSpec("fault/validation-500", "500 whose JSON error names a validation error "
+              "(LiteLLM's L11_bad_type)", _validation_500),
+    ModelSpec("fault/400", "an OpenAI-shaped 400 invalid_request_error", _bad_request),
+    ModelSpec("fault/503-then-ok", "503 for the first K requests (:K, default 1)",
+              _fails_first(503, 1)),
+    ModelSpec("fault/cut-before-content", "first K streams: the role chunk, then a clean "
+              "close without [DONE] (:K, default 1)", _first_k(1, _role_only)),
+    ModelSpec("fault/done-only", "first K streams: data: [DONE] and nothing else (:K, "
+              "default 1)", _first_k(1, _done_only)),
+    ModelSpec("fault/set-cookie", "mock/fast with Set-Cookie: fanout_session=<random>",
+              _set_cookie),
 ]}
 
 
