@@ -309,6 +309,9 @@ class StreamRunner:
                 if not any(name.lower() == "cookie" for name in ours):
                     # No stream sends what another stream's server set in the client's jar.
                     request.headers.pop("cookie", None)
+                # httpx's own body stream is an async generator: cancelled mid-send, it
+                # would be left unfinished (a ResourceWarning); ours is a plain iterator.
+                request.stream = _RequestBody(request.content)
                 self._asked = trio.current_time()
                 response = await self.client.send(request, stream=True)
                 try:
@@ -627,6 +630,14 @@ def _body(response: httpx.Response) -> AsyncIterator[bytes]:
     if response.is_stream_consumed:  # a response built with its content (a test double)
         return _Once(response.content)
     return response.aiter_raw()
+
+
+class _RequestBody(httpx.AsyncByteStream):
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return _Once(self._data)
 
 
 class _Once(AsyncIterator[bytes]):
