@@ -31,6 +31,7 @@ bench: $(STAMP)
 	$(PY) bench/upstream.py
 	$(PY) bench/fanout.py
 	$(PY) bench/render.py
+	$(PY) bench/hostile.py
 	$(PY) bench/batch.py
 
 clean:
