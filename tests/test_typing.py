@@ -61,3 +61,17 @@ def test_a_misspelt_run_fanout_option_is_a_type_error(tmp_path: Path) -> None:
                                 str(source)])
     assert status == 1
     assert 'Unexpected keyword argument "max_concurency"' in out, out
+
+
+def test_the_installed_package_is_found_by_mypy_outside_the_checkout(tmp_path: Path) -> None:
+    # `pip install -e .` must leave a plain path a type checker follows (hatchling's .pth),
+    # not an import hook: run mypy from elsewhere, as a user's project would.
+    import subprocess
+    import sys
+
+    source = tmp_path / "elsewhere.py"
+    source.write_text("import fanout\n\noutcome: fanout.Outcome = fanout.Outcome.COMPLETED\n")
+    out = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--no-incremental",
+                          "--cache-dir", str(tmp_path / "cache"), str(source)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
