@@ -52,7 +52,7 @@ def test_make_demo_is_what_the_readme_says() -> None:
 
 
 def test_every_json_record_type_is_documented() -> None:
-    from fanout.cli.records import _TYPES
+    from fanout.records import _TYPES
 
     section = README[README.index("- `--json`: one JSON object per event"):]
     section = section[:section.index("\n- ") if "\n- " in section else len(section)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import attrs
 
 from fanout import Timings, parse_stream
-from fanout.cli.records import result_record, tokens_per_second
+from fanout.records import result_record, tokens_per_second
 from tests.helpers import chunk, delta, sse_body
 
 

@@ -1,0 +1,199 @@
+"""Events and results as JSON-ready records: the shapes of ``compare --json``, results
+files and the service, shared by every front end (public: ``fanout.records``).
+
+Every record is plain data (str, int, float, bool, None, lists, dicts) so any
+JSON writer takes it.  Response headers are left out (they are the relay's,
+and may carry cookies); the API key is in no event or result to begin with.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from .core.events import (
+    ChoiceFinished,
+    ChoiceRole,
+    DoneReceived,
+    ErrorReported,
+    Event,
+    FrameSkipped,
+    ReasoningDelta,
+    RefusalDelta,
+    ResponseInfo,
+    StreamFinished,
+    StreamRetrying,
+    StreamStarted,
+    TextDelta,
+    ToolCallDelta,
+    UsageReported,
+)
+from .core.result import StreamError, StreamResult, Timings, Usage
+
+__all__ = ["event_record", "result_record", "tokens_per_second"]
+
+_TYPES: dict[type[Any], str] = {
+    ResponseInfo: "response",
+    ChoiceRole: "role",
+    TextDelta: "text",
+    ReasoningDelta: "reasoning",
+    RefusalDelta: "refusal",
+    ToolCallDelta: "tool_call",
+    ChoiceFinished: "finish",
+    UsageReported: "usage",
+    ErrorReported: "error",
+    FrameSkipped: "skipped",
+    DoneReceived: "done",
+    StreamStarted: "started",
+    StreamRetrying: "retrying",
+    StreamFinished: "result",
+}
+
+
+def event_record(event: Event) -> dict[str, Any]:
+    """``{"type": ..., "stream": ..., <the event's fields>}``; a ``StreamFinished``
+    becomes the stream's result record (type ``result``)."""
+    if isinstance(event, StreamFinished):
+        return {"type": "result", **result_record(event.result)}
+    record: dict[str, Any] = {"type": _TYPES[type(event)], "stream": event.stream}
+    if isinstance(event, UsageReported):
+        record.update(_usage(event.usage) or {})
+    elif isinstance(event, ErrorReported):
+        record.update(_error(event.error) or {})
+    elif isinstance(event, StreamRetrying):
+        record.update(attempt=event.attempt, wait=event.wait, error=_error(event.error))
+    elif isinstance(event, StreamStarted):
+        record.update(attempt=event.attempt, status=event.status)
+    elif isinstance(event, FrameSkipped):
+        record.update(reason=event.reason, data=event.data[:200])
+    else:
+        for field in attrs.fields(type(event)):
+            if field.name not in ("stream", "content_key"):
+                record[field.name] = getattr(event, field.name)
+    record["content_key"] = event.content_key
+    return record
+
+
+def result_record(result: StreamResult) -> dict[str, Any]:
+    """A stream's whole result as plain data, with its metrics."""
+    return {
+        "stream": result.stream,
+        "outcome": str(result.outcome),
+        "reason": result.reason,
+        "flags": [str(flag) for flag in result.flags],
+        "content_key": result.content_key,
+        "model": result.model,
+        "response_id": result.response_id,
+        "status": result.status,
+        "timed_out": result.timed_out,
+        "text": result.text,
+        "choices": [
+            {
+                "index": choice.index,
+                "text": choice.text,
+                "reasoning": choice.reasoning,
+                "refusal": choice.refusal,
+                "finish_reason": choice.finish_reason,
+                "tool_calls": [
+                    {
+                        "index": call.index, "id": call.id, "type": call.type,
+                        "name": call.name, "arguments": call.arguments,
+                        "parsed": call.parsed,
+                        "valid_json": call.parse_error is None,
+                        "parse_error": call.parse_error,
+                        "schema_valid": None if call.schema_errors is None
+                        else not call.schema_errors,
+                        "schema_errors": list(call.schema_errors or ()),
+                    }
+                    for call in choice.tool_calls
+                ],
+            }
+            for choice in result.choices
+        ],
+        "usage": _usage(result.usage),
+        "error": _error(result.error),
+        "attempts": [
+            {"number": a.number, "status": a.status, "error": _error(a.error),
+             "waited": a.waited, "delivered_content": a.delivered_content}
+            for a in result.attempts
+        ],
+        "skipped_frames": result.skipped_frames,
+        "skip_reasons": list(result.skip_reasons),
+        "pending_event": result.pending_event,
+        "all_choices_finished": result.all_choices_finished,
+        "metrics": metrics(result),
+    }
+
+
+def metrics(result: StreamResult) -> dict[str, Any]:
+    """Latency and throughput of one stream, in seconds (``None`` when unknown).
+
+    From the request being sent: ``ttfb`` (first body byte), ``ttft`` (first token
+    of any kind, reasoning included), ``ttfc`` (first answer text), ``e2e_latency``
+    (the end).  ``queue_wait``: for a concurrency slot.  ``generation_time``: first
+    token to last event.  ``gap_*``: between events.  ``chunks``: SSE events.
+    """
+    t = result.timings or Timings()
+    rate, estimated = tokens_per_second(result)
+    sent = t.request_sent
+    return {
+        "queue_wait": t.queued,
+        "ttfb": _since(t.first_byte, sent),
+        "ttft": t.ttft,
+        "ttfc": t.ttfc,
+        "e2e_latency": _since(t.end, sent),
+        "generation_time": _since(t.last_event, t.first_content, floor=0.0),
+        "gap_max": t.gap_max,
+        "gap_p95": t.gap_p95,
+        "chunks": result.events,
+        "output_chars": sum(len(c.text) + len(c.reasoning) + len(c.refusal)
+                            + sum(len(call.arguments) for call in c.tool_calls)
+                            for c in result.choices),
+        "tokens_per_second": rate,
+        "tokens_estimated": estimated,
+    }
+
+
+def tokens_per_second(result: StreamResult) -> tuple[float | None, bool]:
+    """Output tokens per second of generation, and whether the count is estimated.
+
+    The count is ``usage.completion_tokens`` when the relay reported it, else
+    the number of content deltas (OpenAI-style servers send about one token a
+    chunk; the role chunk, the finish-only chunk, usage and ``[DONE]`` carry
+    none): then the second value is True.  Generation time runs from the
+    first content to the last event.
+    """
+    t = result.timings
+    if t is None or t.first_content is None or t.last_event is None:
+        return None, False
+    seconds = t.last_event - t.first_content
+    usage = result.usage
+    if usage is not None and usage.completion_tokens is not None:
+        tokens, estimated = usage.completion_tokens, False
+    else:
+        tokens, estimated = result.content_events, True
+    if seconds <= 0 or tokens <= 1:
+        return None, estimated
+    return (tokens - 1) / seconds, estimated  # the first token arrives at the start
+
+
+def _since(end: float | None, start: float | None, *, floor: float | None = None
+           ) -> float | None:
+    if end is None or start is None:
+        return None
+    return end - start if floor is None else max(floor, end - start)
+
+
+def _usage(usage: Usage | None) -> dict[str, Any] | None:
+    if usage is None:
+        return None
+    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.total_tokens}
+
+
+def _error(error: StreamError | None) -> dict[str, Any] | None:
+    if error is None:
+        return None
+    return {"message": error.message, "type": error.type, "code": error.code,
+            "status": error.status}
