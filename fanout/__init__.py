@@ -3,6 +3,7 @@
 The public API is exactly the names in ``__all__``; everything else is private.
 """
 
+from ._channel import EventChannel as EventChannel
 from ._exceptions import ConfigError as ConfigError
 from ._exceptions import EventTooLarge as EventTooLarge
 from ._exceptions import FanoutError as FanoutError
@@ -17,6 +18,7 @@ from .core.chat import ChatChunkInterpreter as ChatChunkInterpreter
 from .core.events import CONTENT_EVENTS as CONTENT_EVENTS
 from .core.events import ChoiceFinished as ChoiceFinished
 from .core.events import ChoiceRole as ChoiceRole
+from .core.events import ContentEvent as ContentEvent
 from .core.events import CoreEvent as CoreEvent
 from .core.events import DoneReceived as DoneReceived
 from .core.events import ErrorReported as ErrorReported
@@ -45,6 +47,9 @@ from .core.result import Usage as Usage
 from .core.sse import ServerSentEvent as ServerSentEvent
 from .core.sse import SSEDecoder as SSEDecoder
 from .fanout import Fanout as Fanout
+from .fanout import FanoutOptions as FanoutOptions
+from .fanout import StreamHandle as StreamHandle
+from .fanout import StreamSnapshot as StreamSnapshot
 from .fanout import open_fanout as open_fanout
 from .fanout import run_fanout as run_fanout
 from .net.transport import make_client as make_client
@@ -65,15 +70,18 @@ __all__ = [
     "ChoiceRole",
     "Config",
     "ConfigError",
+    "ContentEvent",
     "CoreEvent",
     "Deadlines",
     "DoneReceived",
     "Endpoint",
     "ErrorReported",
     "Event",
+    "EventChannel",
     "EventTooLarge",
     "Fanout",
     "FanoutError",
+    "FanoutOptions",
     "Flag",
     "FrameSkipped",
     "MalformedFrame",
@@ -89,10 +97,12 @@ __all__ = [
     "ServerSentEvent",
     "StreamError",
     "StreamFinished",
+    "StreamHandle",
     "StreamParser",
     "StreamRequest",
     "StreamResult",
     "StreamRetrying",
+    "StreamSnapshot",
     "StreamStarted",
     "TextDelta",
     "Timings",

@@ -6,25 +6,34 @@ its stream ends, so ``async for event in fan.events`` ends when the last
 stream has ended (and, with ``accept_more=True``, after ``fan.seal()``).
 
 Backpressure is real: a stream whose events are not consumed waits when
-the channel's buffer is full, and so does its HTTP read.  A consumer that
-only wants results uses ``run_fanout``.
+the channel's buffer is full, and so does its HTTP read; ``submit`` waits
+while ``max_queued`` streams wait for a slot.  A consumer that only wants
+results uses ``run_fanout``; one that wants one stream uses its
+``StreamHandle`` (``await handle.wait()``, ``handle.snapshot()``).
+
+An exception raised by your code inside ``async with open_fanout(...)``
+comes out as itself, not wrapped in an ``ExceptionGroup`` (the nursery is
+fanout's own business): ``except ConnectionClosed:`` works.  Only when
+several exceptions happened at once (your code's and a bug's) do they come
+out as a group.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from contextlib import asynccontextmanager
-from typing import TypedDict, Unpack, final
+from typing import Literal, TypedDict, Unpack, final
 
+import attrs
 import httpx
 import trio
 
 from ._channel import EventChannel
 from .core.events import Event
-from .core.result import StreamResult
+from .core.result import ChoiceResult, StreamResult, Usage
 from .core.sse import DEFAULT_MAX_EVENT_SIZE
 from .net.stream import StreamRunner
 from .net.transport import make_client
@@ -39,18 +48,100 @@ from .request import (
 
 DEFAULT_RETRY = RetryPolicy()
 
-__all__ = ["Fanout", "FanoutOptions", "open_fanout", "run_fanout"]
+__all__ = ["Fanout", "FanoutOptions", "StreamHandle", "StreamSnapshot", "open_fanout",
+           "run_fanout"]
 
 DEFAULT_BUFFER = 1024
+#: Submitted streams that may wait for a concurrency slot before ``submit`` waits too.
+DEFAULT_MAX_QUEUED = 1024
+
+StreamState = Literal["queued", "connecting", "streaming", "retrying", "finished"]
+
+
+@attrs.frozen
+class StreamSnapshot:
+    """What a stream has produced so far, without touching the event channel.
+
+    ``state``: ``queued`` (waiting for a slot), ``connecting`` (an attempt sent,
+    no response yet), ``streaming``, ``retrying`` (waiting before the next
+    attempt) or ``finished`` (then ``result`` is set).  ``choices`` are the
+    current attempt's output (a retry starts again from nothing: retries happen
+    only before content).  Building one joins the text so far: cheap, but not
+    free on every event.
+    """
+
+    key: str
+    state: StreamState
+    attempt: int
+    status: int | None
+    choices: tuple[ChoiceResult, ...]
+    usage: Usage | None
+    result: StreamResult | None
+
+    @property
+    def text(self) -> str:
+        """The first choice's text so far."""
+        return self.choices[0].text if self.choices else ""
+
+
+@final
+class StreamHandle:
+    """One stream of a fan-out: ``await handle.wait()`` for its result, ``snapshot()``
+    for what it has produced so far, ``cancel()``.  ``submit`` returns one;
+    ``fan.handle(key)`` finds one."""
+
+    def __init__(self, fan: Fanout, runner: StreamRunner) -> None:
+        self._fan = fan
+        self._runner = runner
+
+    @property
+    def key(self) -> str:
+        return self._runner.key
+
+    @property
+    def request(self) -> StreamRequest:
+        return self._runner.request
+
+    @property
+    def result(self) -> StreamResult | None:
+        """The result once the stream has finished, else ``None``."""
+        return self._runner.result
+
+    async def wait(self) -> StreamResult:
+        """Wait for the stream's end; return its result (also after ``forget``)."""
+        await self._runner.finished.wait()
+        assert self._runner.result is not None
+        return self._runner.result
+
+    def snapshot(self) -> StreamSnapshot:
+        """What the stream has produced so far (its result's choices once finished)."""
+        runner = self._runner
+        result = runner.result
+        if result is not None:
+            return StreamSnapshot(runner.key, "finished", runner.attempt, result.status,
+                                  result.choices, result.usage, result)
+        accumulator = runner.parser.accumulator
+        return StreamSnapshot(runner.key, runner.state, runner.attempt,  # type: ignore[arg-type]
+                              runner.status, accumulator.choices(), accumulator.usage, None)
+
+    def cancel(self, reason: str = "cancelled by the caller") -> bool:
+        """Cancel the stream; ``False`` if it had already finished."""
+        if self._runner.result is not None:
+            return False
+        self._runner.cancel(reason)
+        return True
 
 
 @final
 class Fanout:
     """A running fan-out (made by ``open_fanout``).
 
-    ``events``: every stream's events, tagged with ``.stream``; each stream's
-    last event is its ``StreamFinished``.  ``results``: key -> ``StreamResult``
-    as streams finish.  ``cancel(key)``, ``submit(request)``, ``seal()``.
+    ``events`` (an ``EventChannel``): every stream's events, tagged with
+    ``.stream``; each stream's last event is its ``StreamFinished``.
+    ``results``: key -> ``StreamResult`` as streams finish (a result is there
+    before its ``StreamFinished`` arrives).  ``running`` and ``queued``: live
+    views of the keys.  ``submit``, ``seal``, ``handle``, ``wait``, ``cancel``,
+    ``cancel_where``, ``cancel_all``, ``forget``.
     """
 
     def __init__(self, nursery: trio.Nursery, endpoint: Endpoint, client: httpx.AsyncClient,
@@ -58,7 +149,8 @@ class Fanout:
                  receive: trio.MemoryReceiveChannel[Event], *, buffer: int,
                  settings: StreamSettings, rng: random.Random,
                  max_concurrency: int | None,
-                 per_model_concurrency: int | Mapping[str, int] | None) -> None:
+                 per_model_concurrency: int | Mapping[str, int] | None,
+                 max_queued: int) -> None:
         self._nursery = nursery
         self._endpoint = endpoint
         self._client = client
@@ -75,6 +167,8 @@ class Fanout:
         self._per_model_setting = per_model_concurrency
         self._per_model: dict[str, trio.CapacityLimiter] = {}
         self._sealed = False
+        self._queue_room = trio.Semaphore(max_queued)
+        self._holding_room: set[StreamRunner] = set()  # submitted, holding a queue place
 
     @property
     def running(self) -> AbstractSet[str]:
@@ -100,7 +194,7 @@ class Fanout:
             limiters.append(self._per_model[model])
         return limiters
 
-    def _start(self, request: StreamRequest, barrier: _Barrier | None = None) -> None:
+    def _start(self, request: StreamRequest, barrier: _Barrier | None = None) -> StreamRunner:
         if request.key in self._runners:
             raise ValueError(f"stream key {request.key!r} is already in this fan-out")
         send = self._send.clone()  # one per producer: the consumer sees the end
@@ -111,6 +205,7 @@ class Fanout:
         self._queued.add(request.key)
         self._nursery.start_soon(self._run, runner, send, barrier,
                                  name=f"fanout stream {request.key}")
+        return runner
 
     async def _run(self, runner: StreamRunner, send: trio.MemorySendChannel[Event],
                    barrier: _Barrier | None) -> None:
@@ -121,6 +216,8 @@ class Fanout:
             finally:
                 if runner.result is not None:
                     self._store(runner, runner.result)
+                self._leave_queue(runner)
+                runner.finished.set()
 
     def _others_running(self, runner: StreamRunner) -> int:
         # Streams that hold a slot and have not finished, this one aside.
@@ -130,6 +227,12 @@ class Fanout:
         if self._runners.get(runner.key) is runner:
             self._queued.discard(runner.key)
             self._running.add(runner.key)
+            self._leave_queue(runner)
+
+    def _leave_queue(self, runner: StreamRunner) -> None:
+        if runner in self._holding_room:
+            self._holding_room.discard(runner)
+            self._queue_room.release()
 
     def _store(self, runner: StreamRunner, result: StreamResult) -> None:
         # Not for a runner that was forgotten (its key may already run again).
@@ -138,13 +241,46 @@ class Fanout:
             self._running.discard(runner.key)
             self._queued.discard(runner.key)
 
-    async def submit(self, request: StreamRequest) -> None:
-        """Start another stream (``accept_more=True`` fan-outs, until ``seal()``)."""
+    async def submit(self, request: StreamRequest) -> StreamHandle:
+        """Start another stream (``accept_more=True`` fan-outs, until ``seal()``).
+
+        Waits while ``max_queued`` submitted streams are still waiting for a
+        concurrency slot (so a producer loop is bounded by default), then starts
+        the stream and returns its handle.  A key already in the fan-out (running,
+        or finished and not forgotten) is a ``ValueError``; so is one submitted
+        twice while waiting here.
+        """
         if self._sealed:
             raise RuntimeError("this fan-out is sealed: open it with accept_more=True and "
                                "submit before calling seal()")
-        self._start(request)
-        await trio.lowlevel.checkpoint()
+        if request.key in self._runners:
+            raise ValueError(f"stream key {request.key!r} is already in this fan-out")
+        await self._queue_room.acquire()
+        try:
+            if self._sealed:
+                raise RuntimeError("this fan-out was sealed while submit waited for room")
+            runner = self._start(request)
+        except BaseException:
+            self._queue_room.release()
+            raise
+        self._holding_room.add(runner)
+        return StreamHandle(self, runner)
+
+    def handle(self, key: str) -> StreamHandle:
+        """The handle of a stream of this fan-out (``KeyError`` if unknown or forgotten)."""
+        try:
+            return StreamHandle(self, self._runners[key])
+        except KeyError:
+            raise KeyError(f"no stream {key!r} in this fan-out (never submitted, or "
+                           "forgotten)") from None
+
+    async def wait(self, key: str) -> StreamResult:
+        """Wait for one stream's end; return its result (``KeyError`` if unknown)."""
+        return await self.handle(key).wait()
+
+    def snapshot(self, key: str) -> StreamSnapshot:
+        """What one stream has produced so far (``KeyError`` if unknown or forgotten)."""
+        return self.handle(key).snapshot()
 
     def seal(self) -> None:
         """No more submissions: ``events`` ends when the running streams have ended."""
@@ -152,17 +288,33 @@ class Fanout:
             self._sealed = True
             self._send.close()
 
-    def cancel(self, key: str) -> bool:
-        """Cancel one stream (it ends ``cancelled``, keeping its output).
+    def cancel(self, key: str, reason: str = "cancelled by the caller") -> bool:
+        """Cancel one stream: it ends ``cancelled`` with ``reason``, keeping its output.
 
-        Returns False if it had already finished.  Raises ``KeyError`` for a
-        key this fan-out never had.
+        Returns ``True`` if the stream was queued or running, ``False`` for any
+        other key (finished, forgotten, or never submitted), so a disconnect
+        handler may call it without checking.  The cancellation takes effect at
+        the stream's next checkpoint: its result is in ``results`` (and
+        ``await fan.wait(key)`` returns) once its task has ended, a moment
+        later, before its ``StreamFinished`` is delivered.
         """
-        runner = self._runners[key]
-        if key in self.results:
+        runner = self._runners.get(key)
+        if runner is None or runner.result is not None:
             return False
-        runner.cancel()
+        runner.cancel(reason)
         return True
+
+    def cancel_where(self, predicate: Callable[[StreamRequest], bool],
+                     reason: str = "cancelled by the caller") -> list[str]:
+        """Cancel every unfinished stream whose request matches; return their keys.
+
+        ``fan.cancel_where(lambda r: "job-7" in r.tags)`` cancels a group.
+        """
+        keys = [key for key in [*self._running, *self._queued]
+                if predicate(self._runners[key].request)]
+        for key in keys:
+            self._runners[key].cancel(reason)
+        return keys
 
     def forget(self, key: str) -> StreamResult:
         """Drop a finished stream from ``results`` (and the fan-out's memory); return its result.
@@ -214,6 +366,7 @@ async def open_fanout(
     accept_more: bool = False,
     max_event_size: int = DEFAULT_MAX_EVENT_SIZE,
     max_response_bytes: int | None = DEFAULT_MAX_RESPONSE_BYTES,
+    max_queued: int = DEFAULT_MAX_QUEUED,
     seed: int | None = None,
 ) -> AsyncIterator[Fanout]:
     """Stream every request at once through ``endpoint``; yield the running ``Fanout``.
@@ -227,16 +380,29 @@ async def open_fanout(
     request's own wins).  ``max_response_bytes`` (64 MiB by default, ``None``
     for no cap) ends an endless stream with its output kept;
     ``max_event_size`` bounds one event.  Keys must be unique (``ValueError``
-    before anything is sent).  ``buffer`` bounds the event channel (default: 16 events a
-    stream in flight, at least 1,024: a bounded buffer, so a consumer that
-    stops reading stops the streams).  ``client``: your own
-    ``httpx.AsyncClient`` (fanout builds one sized to the concurrency
-    otherwise, and closes it).  ``start_together``: the initial requests send
-    their HTTP requests at the same moment (they must all fit in the caps).
-    ``accept_more``: ``fan.submit()`` adds streams until ``fan.seal()``.
+    before anything is sent).  ``buffer`` bounds the event channel (default:
+    16 events a stream in flight, at least 1,024: a bounded buffer, so a
+    consumer that stops reading stops the streams).  ``start_together``: the
+    initial requests send their HTTP requests at the same moment (they must
+    all fit in the caps).
+
+    ``accept_more``: ``await fan.submit(request)`` adds streams until
+    ``fan.seal()``; ``async for event in fan.events`` ends only after
+    ``seal()`` and the last stream.  ``submit`` waits while ``max_queued``
+    (1,024) submitted streams wait for a slot, so a producer loop cannot pile
+    up tasks.
+
+    ``client``: your own ``httpx.AsyncClient`` (fanout builds one sized to
+    ``max_concurrency`` otherwise, and closes it; yours it leaves open, so
+    one client can serve many fan-outs: build it once with
+    ``make_client(max_connections)``).  A pool smaller than the concurrency
+    works: waiting for one of its connections counts as queueing
+    (``Timings.queued``), never as time to first token, and moves the
+    stream's first-byte and first-token deadlines with it.
 
     Leaving the block cancels every stream still running; each still ends
-    with its ``StreamFinished`` and its result in ``fan.results``.
+    with its ``StreamFinished`` and its result in ``fan.results``.  An
+    exception from your code in the block comes out unwrapped.
     """
     initial = list(requests)
     keys: set[str] = set()
@@ -253,6 +419,8 @@ async def open_fanout(
         raise ValueError(f"max_concurrency must be >= 1, not {max_concurrency}")
     if deadline is not None and not deadline > 0:
         raise ValueError(f"deadline must be a positive number of seconds, not {deadline!r}")
+    if isinstance(max_queued, bool) or not isinstance(max_queued, int) or max_queued < 1:
+        raise ValueError(f"max_queued must be a whole number >= 1, not {max_queued!r}")
     if start_together:
         _check_fits(initial, max_concurrency, per_model_concurrency)
     own_client = client is None
@@ -263,28 +431,51 @@ async def open_fanout(
         max_event_size=max_event_size, max_response_bytes=max_response_bytes,
         fanout_deadline=trio.current_time() + deadline if deadline else math.inf)
     send, receive = trio.open_memory_channel[Event](buffer)
+    lone: BaseException | None = None
     try:
-        async with trio.open_nursery() as nursery:
-            fan = Fanout(nursery, endpoint, client, send, receive, buffer=buffer,
-                         settings=settings, rng=random.Random(seed),
-                         max_concurrency=max_concurrency,
-                         per_model_concurrency=per_model_concurrency)
-            barrier = _Barrier(len(initial)) if start_together and initial else None
-            for request in initial:
-                fan._start(request, barrier)
-            if not accept_more:
-                fan.seal()
-            try:
-                yield fan
-            finally:
-                fan.cancel_all("cancelled: the fan-out's block ended before the stream did")
-                fan.seal()
-                # Close our end first: a final event sent to nobody must not block.
-                fan.events.close()
+        try:
+            async with trio.open_nursery() as nursery:
+                fan = Fanout(nursery, endpoint, client, send, receive, buffer=buffer,
+                             settings=settings, rng=random.Random(seed),
+                             max_concurrency=max_concurrency,
+                             per_model_concurrency=per_model_concurrency,
+                             max_queued=max_queued)
+                barrier = _Barrier(len(initial)) if start_together and initial else None
+                for request in initial:
+                    fan._start(request, barrier)
+                if not accept_more:
+                    fan.seal()
+                try:
+                    yield fan
+                finally:
+                    fan.cancel_all("cancelled: the fan-out's block ended before the stream did")
+                    fan.seal()
+                    # Close our end first: a final event sent to nobody must not block.
+                    fan.events.close()
+        except BaseExceptionGroup as group:
+            lone = _lone(group)
+            if lone is None:
+                raise
+        if lone is not None:
+            # The caller's own exception, as itself: the nursery is fanout's business.
+            raise lone
     finally:
         if own_client:
             with trio.CancelScope(shield=True):
                 await client.aclose()
+
+
+def _lone(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    """The one exception in ``group`` that is not a cancellation, if there is exactly one."""
+    leaves: list[BaseException] = []
+    pending: list[BaseException] = [group]
+    while pending:
+        exc = pending.pop()
+        if isinstance(exc, BaseExceptionGroup):
+            pending.extend(exc.exceptions)
+        elif not isinstance(exc, trio.Cancelled):
+            leaves.append(exc)
+    return leaves[0] if len(leaves) == 1 else None
 
 
 def _check_fits(requests: list[StreamRequest], max_concurrency: int | None,
@@ -316,6 +507,7 @@ class FanoutOptions(TypedDict, total=False):
     start_together: bool
     max_event_size: int
     max_response_bytes: int | None
+    max_queued: int
     seed: int | None
 
 

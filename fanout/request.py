@@ -79,6 +79,12 @@ def _messages_tuple(value: Iterable[Mapping[str, Any]]) -> tuple[Mapping[str, An
     return tuple(value)
 
 
+def _tags(value: Iterable[str]) -> frozenset[str]:
+    if isinstance(value, str):
+        return frozenset((value,))
+    return frozenset(value)
+
+
 def _tools_tuple(value: Iterable[Mapping[str, Any]] | None
                  ) -> tuple[Mapping[str, Any], ...] | None:
     return None if value is None else tuple(value)
@@ -238,6 +244,13 @@ class StreamRequest:
     used to validate tool-call arguments.  ``headers`` are sent over the
     endpoint's (never ``Authorization``: the key is the endpoint's);
     ``retry`` overrides the fan-out's retry policy for this stream.
+    ``tags`` are the caller's labels (never sent, not in ``content_key``):
+    ``fan.cancel_where(lambda r: "job-7" in r.tags)`` cancels a group.
+
+    Keys are strings, not any hashable: a key names the stream in every event,
+    JSON record, results file and log line, and a tuple would not survive the
+    trip through JSON.  Join the parts (``f"{job}/{model}"``) and keep your own
+    mapping if you need them back.
     """
 
     key: str = attrs.field(validator=_nonempty_str)
@@ -252,6 +265,7 @@ class StreamRequest:
     headers: Mapping[str, str] = attrs.field(factory=dict, converter=_str_dict)
     retry: RetryPolicy | None = attrs.field(default=None,
                                             validator=v.optional(v.instance_of(RetryPolicy)))
+    tags: frozenset[str] = attrs.field(factory=frozenset, converter=_tags)
 
     def __attrs_post_init__(self) -> None:
         if not self.messages:

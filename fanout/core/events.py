@@ -20,6 +20,7 @@ __all__ = [
     "CONTENT_EVENTS",
     "ChoiceFinished",
     "ChoiceRole",
+    "ContentEvent",
     "CoreEvent",
     "DoneReceived",
     "ErrorReported",
@@ -210,12 +211,19 @@ CoreEvent: TypeAlias = (
 )
 """Any event the sans-I/O core produces."""
 
-CONTENT_EVENTS: tuple[type[CoreEvent], ...] = (
+ContentEvent: TypeAlias = TextDelta | ReasoningDelta | RefusalDelta | ToolCallDelta
+"""The events that count for time-to-first-token.  A union: ``isinstance(event,
+ContentEvent)`` works at run time and narrows in a type checker, and so does
+``match event: case TextDelta() | ReasoningDelta(): ...``."""
+
+CONTENT_EVENTS: tuple[type[TextDelta], type[ReasoningDelta], type[RefusalDelta],
+                      type[ToolCallDelta]] = (
     TextDelta,
     ReasoningDelta,
     RefusalDelta,
     ToolCallDelta,
 )
+"""``ContentEvent``'s members as a tuple, for ``isinstance(event, CONTENT_EVENTS)``."""
 
 Event: TypeAlias = CoreEvent | StreamStarted | StreamRetrying | StreamFinished
 """Any event a fan-out delivers."""

@@ -48,6 +48,7 @@ from ..core.events import (
 from ..core.parser import StreamParser
 from ..core.result import Attempt, Outcome, StreamError, StreamResult, Timings
 from ..request import Endpoint, StreamRequest, StreamSettings
+from .transport import ShardedTransport
 
 __all__ = ["DEFAULT_SETTINGS", "StreamRunner"]
 
@@ -106,12 +107,18 @@ class StreamRunner:
         self.retry = request.retry or settings.retry
         self.fanout_deadline = settings.fanout_deadline
         self.rng = rng or random.Random()
+        self._traced = _traces(client, endpoint.chat_url)
         self.key = request.key
         self.content_key = request.content_key(endpoint)
         self.scope = trio.CancelScope()
+        #: Where the stream is: queued, connecting, streaming, retrying or finished.
+        self.state = "queued"
+        self.attempt = 0
+        self.status: int | None = None
         self.cancel_requested = False
         self.cancel_reason = "cancelled by the caller"
         self.result: StreamResult | None = None
+        self.finished = trio.Event()  # set by the fan-out once the stream's task has ended
         self._origin: float | None = None  # when the stream got its slot
         self._points: dict[str, float] = {}
         self._first_sent: float | None = None
@@ -208,6 +215,7 @@ class StreamRunner:
             self._parser = parser = self._new_parser()
             self._last = end = _AttemptEnd()
             self._current = (number, waited)
+            self.state, self.attempt, self.status = "connecting", number, None
             await self._attempt(number, parser, end)
             end.retryable = self._retryable(end, parser)
             attempts.append(Attempt(number, end.status, end.error, waited, end.delivered))
@@ -221,6 +229,7 @@ class StreamRunner:
             if trio.current_time() + wait >= self.scope.deadline:
                 return  # no time left for another attempt
             assert end.error is not None
+            self.state = "retrying"
             await self.emit(StreamRetrying(number, wait, end.error, self.key, self.content_key))
             await trio.sleep(wait)
             waited = wait
@@ -261,23 +270,28 @@ class StreamRunner:
         """httpcore's trace hook: its first event means a connection was ours.
 
         Until then the request waited for the client's pool, which is queueing,
-        not the model's latency: the wait moves ``request_sent`` and the
-        attempt's deadlines, and counts in ``Timings.queued``.
+        not the model's latency: the wait counts in ``Timings.queued``, and
+        ``request_sent`` and the first-byte and first-token deadlines start
+        only now.
         """
         if self._asked is None:
             return
-        waited = trio.current_time() - self._asked
+        now = trio.current_time()
+        self._pool_wait += now - self._asked
         self._asked = None
-        if waited > 0:
-            self._pool_wait += waited
-            self._mark("request_sent")
-            if self._current[0] == 1:
-                self._first_sent = self._points["request_sent"]
-            for deadline in ("first_byte", "first_token"):
-                if deadline in self._attempt_deadlines:
-                    self._attempt_deadlines[deadline] += waited
-            if self._attempt_scope is not None:
-                self._set_deadlines()
+        self._mark("request_sent")
+        if self._current[0] == 1:
+            self._first_sent = self._points["request_sent"]
+        self._arm_request_deadlines(now)
+        if self._attempt_scope is not None:
+            self._set_deadlines()
+
+    def _arm_request_deadlines(self, sent: float) -> None:
+        deadlines = self.deadlines
+        if deadlines.first_byte:
+            self._attempt_deadlines["first_byte"] = sent + deadlines.first_byte
+        if deadlines.first_token:
+            self._attempt_deadlines["first_token"] = sent + deadlines.first_token
 
     async def _attempt(self, number: int, parser: StreamParser, end: _AttemptEnd) -> None:
         deadlines = self.deadlines
@@ -289,10 +303,8 @@ class StreamRunner:
         if self._first_sent is None:
             self._first_sent = self._points["request_sent"]
         self._attempt_deadlines = {}
-        if deadlines.first_byte:
-            self._attempt_deadlines["first_byte"] = sent + deadlines.first_byte
-        if deadlines.first_token:
-            self._attempt_deadlines["first_token"] = sent + deadlines.first_token
+        if not self._traced:  # else from the trace hook: once a pooled connection is ours
+            self._arm_request_deadlines(sent)
         ours = {**self.endpoint.headers, **self.request.headers}
         headers = {**ours, "accept": "text/event-stream", "accept-encoding": "identity"}
         if self.endpoint.api_key:
@@ -345,6 +357,7 @@ class StreamRunner:
     async def _response(self, number: int, response: httpx.Response, parser: StreamParser,
                         end: _AttemptEnd) -> None:
         self._mark("headers")
+        self.state, self.status = "streaming", response.status_code
         end.status = response.status_code
         parser.status = response.status_code
         kept = {name: response.headers[name] for name in INTERESTING_HEADERS
@@ -526,11 +539,30 @@ class StreamRunner:
             result = attrs.evolve(result, others_running=self.others_running(self))
         return result
 
+    @property
+    def parser(self) -> StreamParser:
+        """The current attempt's parser: what the stream produced so far (read-only use)."""
+        return self._parser
+
     async def _send_final(self, result: StreamResult) -> None:
         self.result = result
+        self.state = "finished"
         if self.on_result is not None:
             self.on_result(self, result)  # so fan.results has it when StreamFinished arrives
         await self.emit(StreamFinished(result, self.key, self.content_key))
+
+
+def _traces(client: httpx.AsyncClient, url: str) -> bool:
+    """Whether the client's transport for ``url`` reports httpcore trace events (an
+    ``AsyncHTTPTransport``, or fanout's shards of them; a test double does not)."""
+    find = getattr(client, "_transport_for_url", None)  # httpx has no public accessor
+    try:
+        transport = find(httpx.URL(url)) if find is not None else None
+    except Exception:  # a client of another shape: assume no traces
+        return False
+    if isinstance(transport, ShardedTransport):
+        return all(isinstance(t, httpx.AsyncHTTPTransport) for t in transport.transports)
+    return isinstance(transport, httpx.AsyncHTTPTransport)
 
 
 def _interrupted(exc: BaseException) -> tuple[Outcome, str]:
