@@ -9,6 +9,7 @@ from mypy import api
 USER_CODE = '''
 import trio
 import fanout
+import fanout.records
 
 async def main() -> None:
     endpoint = fanout.Endpoint("http://127.0.0.1:1/v1", "k", {"X-Title": "t"})
@@ -19,12 +20,30 @@ async def main() -> None:
     deadlines = fanout.Deadlines(idle=1, total=2.5)
     async with fanout.open_fanout(endpoint, requests, retry=retry, deadlines=deadlines,
                                   per_model_concurrency={"a": 1}) as fan:
-        async for event in fan.events:
+        events: fanout.EventChannel[fanout.Event] = fan.events
+        async for event in events:
             if isinstance(event, fanout.TextDelta):
                 text: str = event.text
             elif isinstance(event, fanout.StreamFinished):
                 result: fanout.StreamResult = event.result
                 ttft: float | None = result.timings.ttft if result.timings else None
+            if isinstance(event, fanout.ContentEvent):
+                choice: int = event.choice  # every content event has one
+            if isinstance(event, fanout.CONTENT_EVENTS):
+                same: int = event.choice
+            match event:
+                case fanout.TextDelta() | fanout.ReasoningDelta():
+                    piece: str = event.text
+                case _:
+                    pass
+            record: dict[str, object] = fanout.records.event_record(event)
+    async with fanout.open_fanout(endpoint, accept_more=True, max_queued=16) as more:
+        handle: fanout.StreamHandle = await more.submit(requests[0])
+        snapshot: fanout.StreamSnapshot = handle.snapshot()
+        state: str = snapshot.state
+        waited: fanout.StreamResult = await more.wait("a")
+        cancelled: list[str] = more.cancel_where(lambda r: "t" in r.tags)
+        more.seal()
     results: dict[str, fanout.StreamResult] = await fanout.run_fanout(
         endpoint, requests, max_concurrency=4, deadlines=deadlines, seed=1)
     flags: tuple[fanout.Flag, ...] = results["a"].flags
