@@ -8,9 +8,12 @@ and may carry cookies); the API key is in no event or result to begin with.
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 import attrs
+import orjson
 
 from .core.events import (
     ChoiceFinished,
@@ -31,7 +34,44 @@ from .core.events import (
 )
 from .core.result import StreamError, StreamResult, Timings, Usage
 
-__all__ = ["event_record", "result_record", "tokens_per_second"]
+__all__ = ["dumps", "dumps_bytes", "event_record", "metrics", "result_record",
+           "tokens_per_second"]
+
+# What JSON may legally carry raw but a terminal or a UTF-8 encoder must not get:
+# DEL and the C1 controls (U+009B is an 8-bit CSI), the bidi controls (U+202E turns
+# text around), the line and paragraph separators, and lone surrogates (valid JSON
+# escapes, but no UTF-8 encoder takes them raw).  C0 controls json escapes itself.
+_UNSAFE = re.compile("[\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e"
+                     "\u2066-\u2069\ud800-\udfff]")
+_UNSAFE_UTF8 = re.compile(rb"\x7f|\xc2[\x80-\x9f]|\xd8\x9c|\xe2\x80[\x8e\x8f\xa8-\xae]"
+                          rb"|\xe2\x81[\xa6-\xa9]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
+
+
+def dumps(value: Any) -> str:
+    """``value`` as one line of JSON that is valid UTF-8 and safe to print to a terminal.
+
+    Every control character, bidi control, line separator and lone surrogate
+    in a string is written as a ``\\uXXXX`` escape: the text round-trips
+    exactly (``json.loads`` gives back the same string, lone surrogates
+    included), and nothing in it can move a cursor, reorder a line or fail to
+    encode.  The one writer for ``--json`` lines, results files and the service.
+    """
+    return _UNSAFE.sub(_escape, json.dumps(value, ensure_ascii=False))
+
+
+def dumps_bytes(value: Any) -> bytes:
+    """``dumps`` as UTF-8 with a newline, the fast way when nothing needs escaping."""
+    try:
+        data = orjson.dumps(value, option=orjson.OPT_APPEND_NEWLINE)
+    except TypeError:  # lone surrogates, integers past 64 bits: the careful path
+        return (dumps(value) + "\n").encode()
+    if _UNSAFE_UTF8.search(data) is None:
+        return data
+    return (dumps(value) + "\n").encode()
 
 _TYPES: dict[type[Any], str] = {
     ResponseInfo: "response",
@@ -44,7 +84,7 @@ _TYPES: dict[type[Any], str] = {
     UsageReported: "usage",
     ErrorReported: "error",
     FrameSkipped: "skipped",
-    DoneReceived: "done",
+    DoneReceived: "done_marker",  # `[DONE]` arrived; whether the stream completed: `result`
     StreamStarted: "started",
     StreamRetrying: "retrying",
     StreamFinished: "result",
@@ -52,15 +92,25 @@ _TYPES: dict[type[Any], str] = {
 
 
 def event_record(event: Event) -> dict[str, Any]:
-    """``{"type": ..., "stream": ..., <the event's fields>}``; a ``StreamFinished``
-    becomes the stream's result record (type ``result``)."""
+    """``{"type": ..., "stream": ..., <the event's fields>, "content_key": ...}``.
+
+    ``type`` is always the record's type (``tool_call``, ``error``, ...): an inner
+    type is ``tool_type`` or ``error_type``.  ``done_marker`` says ``[DONE]``
+    arrived, nothing more (a cut stream gets one too); a ``StreamFinished`` becomes
+    the stream's ``result`` record, which says how it ended.
+    """
     if isinstance(event, StreamFinished):
         return {"type": "result", **result_record(event.result)}
     record: dict[str, Any] = {"type": _TYPES[type(event)], "stream": event.stream}
     if isinstance(event, UsageReported):
         record.update(_usage(event.usage) or {})
     elif isinstance(event, ErrorReported):
-        record.update(_error(event.error) or {})
+        error = event.error  # `type` is the record's: the error's own type is error_type
+        record.update(message=error.message, error_type=error.type, code=error.code,
+                      status=error.status)
+    elif isinstance(event, ToolCallDelta):
+        record.update(choice=event.choice, tool_index=event.tool_index, id=event.id,
+                      tool_type=event.type, name=event.name, arguments=event.arguments)
     elif isinstance(event, StreamRetrying):
         record.update(attempt=event.attempt, wait=event.wait, error=_error(event.error))
     elif isinstance(event, StreamStarted):

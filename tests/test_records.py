@@ -28,3 +28,28 @@ def test_the_record_carries_reason_and_flags() -> None:
     empty = result_record(parse_stream([sse_body(chunk(delta(0, "stop")))]))
     assert (empty["outcome"], empty["reason"], empty["flags"]) == (
         "completed", None, ["empty_answer"])
+
+
+def test_every_record_keeps_its_own_type() -> None:
+    from fanout import ErrorReported, StreamError, ToolCallDelta
+    from fanout.records import event_record
+
+    call = event_record(ToolCallDelta(0, 1, "c1", "function", "f", "{}", "s"))
+    assert (call["type"], call["tool_type"], call["tool_index"]) == ("tool_call", "function", 1)
+    error = event_record(ErrorReported(StreamError("boom", "server_error", "x", 500), "s"))
+    assert (error["type"], error["error_type"], error["status"]) == ("error", "server_error", 500)
+
+
+def test_dumps_escapes_what_a_terminal_or_an_encoder_must_not_get() -> None:
+    import json
+
+    from fanout.records import dumps, dumps_bytes
+
+    hostile = "\x1b[2J\x9b31m\u202edlrow\u2066x\u2069\u2028\ud800 \udfff\x7f ok é 👍"
+    line = dumps({"text": hostile})
+    assert json.loads(line) == {"text": hostile}  # exactly the same text comes back
+    assert line.isascii() is False and line.encode()  # encodable, é and 👍 kept raw
+    for raw in ("\x1b", "\x9b", "\u202e", "\u2066", "\u2028", "\ud800", "\x7f"):
+        assert raw not in line
+    assert dumps_bytes({"text": hostile}) == (line + "\n").encode()
+    assert dumps_bytes({"text": "plain"}) == b'{"text":"plain"}\n'  # the fast path

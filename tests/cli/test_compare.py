@@ -128,7 +128,7 @@ def test_json_lines(config: str) -> None:
     calls = results["tools"]["choices"][0]["tool_calls"]
     assert [c["name"] for c in calls] == ["get_weather", "get_time"]
     assert all(c["valid_json"] for c in calls)
-    assert {"started", "text", "finish", "usage", "done"} <= {r["type"] for r in records}
+    assert {"started", "text", "finish", "usage", "done_marker"} <= {r["type"] for r in records}
 
 
 def test_live_view_on_a_terminal(config: str) -> None:
