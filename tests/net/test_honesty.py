@@ -342,22 +342,6 @@ async def test_grouped_cancellation_while_connecting_keeps_every_result(
         (Outcome.CANCELLED, "cancelled from outside the fan-out (a cancel scope or deadline)")}
 
 
-async def test_ctrl_c_and_a_consumer_error_keep_every_result(autojump_clock: MockClock) -> None:
-    for error in (KeyboardInterrupt(), ValueError("consumer bug")):
-        box: list[Any] = []
-        with pytest.raises(BaseException) as caught:
-            async with Script([stream(*text_steps(10, 0.1))]).client() as client, open_fanout(
-                    ENDPOINT, [request(f"s{i}") for i in range(5)], client=client) as fan:
-                box.append(fan)
-                async for item in fan.events:
-                    if isinstance(item, StreamStarted):
-                        raise error
-        assert caught.errisinstance((type(error), BaseExceptionGroup))
-        results = box[0].results
-        assert len(results) == 5 and all(r.outcome is Outcome.CANCELLED
-                                         for r in results.values())
-
-
 # -- keys and settings ------------------------------------------------------------------------
 
 async def test_duplicate_keys_raise_a_plain_value_error_before_anything_is_sent() -> None:
