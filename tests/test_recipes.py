@@ -11,6 +11,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+from collections import Counter
 from functools import partial
 from pathlib import Path
 from types import ModuleType
@@ -18,6 +19,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from trio_websocket import ConnectionClosed, wrap_client_stream
 
 import fanout
@@ -36,6 +38,7 @@ def load(name: str) -> ModuleType:
 
 
 websocket_server = load("websocket_server")
+worker = load("worker")
 
 # Every outcome a client must see a result for: completed, tool calls, cut mid-event.
 FULL_RUN = ["mock/fast", "mock/tools", "mock/reasoning:0.001", "fault/truncate"]
@@ -122,11 +125,121 @@ async def test_websocket_server_refuses_a_bad_job(upstream: RunningUpstream,
     assert upstream.stats.requests == {}
 
 
+# -- The worker: accept_more, submit, forget -----------------------------------------------
+
+async def test_worker_handles_500_jobs_once_each_with_results_bounded(
+        upstream: RunningUpstream) -> None:
+    concurrency, backlog, total = 32, 8, 500
+    handled: Counter[str] = Counter()
+    outcomes: Counter[str] = Counter()
+    peak_results = peak_streams = 0
+    fans: list[fanout.Fanout] = []
+
+    async def handle(job: Any, result: fanout.StreamResult) -> None:
+        nonlocal peak_results, peak_streams
+        handled[job.id] += 1
+        outcomes[str(result.outcome)] += 1
+        fan = fans[0]
+        peak_results = max(peak_results, len(fan.results))
+        peak_streams = max(peak_streams, len(fan.running) + len(fan.queued))
+        assert result.stream == job.id
+
+    # A burst: every job is waiting before the worker starts.
+    send, receive = trio.open_memory_channel[Any](total)
+    with send:
+        for number in range(total):
+            send.send_nowait(worker.Job(f"job-{number}", "mock/fast", "Rivers?", 3))
+
+    with trio.fail_after(15):
+        async with trio.open_nursery() as nursery:
+            fans.append(await nursery.start(partial(
+                worker.run_worker, endpoint(upstream), receive, handle,
+                concurrency=concurrency, backlog=backlog)))
+    assert len(handled) == total and set(handled.values()) == {1}
+    assert outcomes == {"completed": total}
+    # While it ran: forget() kept the results flat (without it, all 500 stay until the end),
+    # and the worker's own bound kept the streams submitted and not yet handled in check.
+    assert peak_results <= concurrency + backlog
+    assert peak_streams <= concurrency + backlog
+    fan = fans[0]
+    assert not fan.results and not fan.running and not fan.queued
+    assert sum(upstream.stats.requests.values()) == total
+
+
+async def test_worker_takes_only_as_many_jobs_as_it_has_room_for(
+        upstream: RunningUpstream) -> None:
+    # Streams that never answer: nothing finishes, so nothing frees room.
+    concurrency, backlog, total = 8, 2, 100
+    send, receive = trio.open_memory_channel[Any](total)
+    for number in range(total):
+        send.send_nowait(worker.Job(f"job-{number}", "fault/no-response", "Rivers?"))
+    stop = trio.Event()
+    handled: Counter[str] = Counter()
+
+    async def handle(job: Any, result: fanout.StreamResult) -> None:
+        handled[str(result.outcome)] += 1
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            fan = await nursery.start(partial(
+                worker.run_worker, endpoint(upstream), receive, handle,
+                concurrency=concurrency, backlog=backlog, stop=stop, grace=0))
+            await upstream.stats.wait_for(lambda s: sum(s.requests.values()) == concurrency)
+            await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+            assert (len(fan.running), len(fan.queued)) == (concurrency, backlog)
+            assert receive.statistics().current_buffer_used == total - concurrency - backlog
+            stop.set()  # the hung streams are cancelled; each still reaches handle
+    assert handled == {"cancelled": concurrency + backlog}
+    assert sum(upstream.stats.requests.values()) == concurrency
+    await connections_closed(upstream)
+
+
+async def test_worker_stop_takes_no_more_jobs_and_loses_none(
+        upstream: RunningUpstream) -> None:
+    stop = trio.Event()
+    handled: Counter[str] = Counter()
+    outcomes: Counter[str] = Counter()
+    produced: list[str] = []
+
+    async def handle(job: Any, result: fanout.StreamResult) -> None:
+        handled[job.id] += 1
+        outcomes[str(result.outcome)] += 1
+        if sum(handled.values()) == 5:
+            stop.set()  # SIGTERM, say: the streams in flight get `grace` (0 s), then cancelled
+
+    send, receive = trio.open_memory_channel[Any](16)
+
+    async def produce() -> None:
+        for number in range(200):
+            job = worker.Job(f"job-{number}", "mock/fast:0.02", "Rivers?", 10)
+            await send.send(job)  # blocks for good once the worker has stopped
+            produced.append(job.id)
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(produce)
+            await worker.run_worker(endpoint(upstream), receive, handle, concurrency=8,
+                                    backlog=2, stop=stop, grace=0)
+            nursery.cancel_scope.cancel()
+    left = []
+    while True:
+        try:
+            left.append(receive.receive_nowait().id)
+        except trio.WouldBlock:
+            break
+    assert set(handled.values()) == {1}
+    assert sorted([*handled, *left]) == sorted(produced)  # none lost, none twice
+    assert len(handled) < len(produced)  # it did stop early
+    assert set(outcomes) <= {"completed", "cancelled"} and outcomes["cancelled"] > 0
+    await connections_closed(upstream)
+
+
 # -- The scripts themselves, as a reader runs them ----------------------------------------
 
 @pytest.mark.parametrize("script, args, expected", [
     ("websocket_server.py", ["--demo", "--models", "mock/fast", "fault/truncate"],
      ["mock/fast            completed", "fault/truncate       truncated"]),
+    ("worker.py", ["--jobs", "300"], ["300 jobs in ", "{'completed': 300}"]),
 ])
 def test_the_recipe_scripts_run_with_no_key_and_no_network(
         script: str, args: list[str], expected: list[str]) -> None:
