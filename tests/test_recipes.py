@@ -17,9 +17,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import httpx
 import pytest
 import trio
 import trio.testing
+from hypercorn.config import Config
+from hypercorn.trio import serve
 from trio_websocket import ConnectionClosed, wrap_client_stream
 
 import fanout
@@ -39,6 +42,7 @@ def load(name: str) -> ModuleType:
 
 websocket_server = load("websocket_server")
 worker = load("worker")
+starlette_app = load("starlette_app")
 
 # Every outcome a client must see a result for: completed, tool calls, cut mid-event.
 FULL_RUN = ["mock/fast", "mock/tools", "mock/reasoning:0.001", "fault/truncate"]
@@ -234,10 +238,92 @@ async def test_worker_stop_takes_no_more_jobs_and_loses_none(
     await connections_closed(upstream)
 
 
+# -- Starlette on Hypercorn's trio worker --------------------------------------------------
+
+async def start_app(nursery: trio.Nursery, upstream: RunningUpstream, **options: Any
+                    ) -> tuple[str, trio.Event]:
+    config = Config()
+    config.bind = ["127.0.0.1:0"]
+    stop = trio.Event()
+    app: Any = starlette_app.make_app(endpoint(upstream), **options)
+    binds: list[str] = await nursery.start(partial(serve, app, config,
+                                                   shutdown_trigger=stop.wait))
+    return binds[0], stop
+
+
+async def test_starlette_app_streams_every_model_to_its_result(
+        upstream: RunningUpstream) -> None:
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            url, stop = await start_app(nursery, upstream)
+            records = await starlette_app.demo_client(url, "Rivers?", FULL_RUN)
+            stop.set()  # a graceful shutdown: the lifespan closes the shared client
+    check_full_run(records, FULL_RUN)
+
+
+async def test_starlette_app_shares_one_client_and_a_pool_wait_is_queueing(
+        upstream: RunningUpstream) -> None:
+    # One connection for the whole app: two requests of two streams each take turns on it.
+    models = ["mock/fast:0.01", "mock/fast:0.005"]
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            url, stop = await start_app(nursery, upstream, max_connections=1)
+            runs = [await starlette_app.demo_client(url, "Rivers?", models) for _ in range(2)]
+            stop.set()
+    assert upstream.stats.connections_opened == 1  # one pool, kept alive across fan-outs
+    for records in runs:
+        results = [r for r in records if r["type"] == "result"]
+        assert [r["outcome"] for r in results] == ["completed", "completed"]
+        # The stream that waited for the connection waited in the queue, not for a token.
+        assert max(r["metrics"]["queue_wait"] for r in results) > 0
+
+
+@LEAVING
+async def test_starlette_client_leaving_mid_stream_cancels_the_fanout(
+        upstream: RunningUpstream, models: list[str]) -> None:
+    records: list[dict[str, Any]] = []
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            url, stop = await start_app(nursery, upstream)
+            decoder = fanout.SSEDecoder()
+            async with (httpx.AsyncClient() as http,
+                        http.stream("POST", f"{url}/compare",
+                                    json={"prompt": "Rivers?", "models": models}) as response):
+                assert response.headers["content-type"].startswith("text/event-stream")
+                # Leave by cancelling: the cancel lands inside httpx's iterators and closes
+                # them all (a break would leave them to the GC: httpx #3686).
+                with trio.CancelScope() as leave:
+                    async for chunk in response.aiter_bytes():
+                        for sse in decoder.feed(chunk):
+                            record = json.loads(sse.data)
+                            assert sse.event == record["type"]
+                            records.append(record)
+                        if streaming(records, models):
+                            leave.cancel()
+                assert upstream.stats.connections_open == len(models)
+            # The response and the client are closed: the client has left.
+            assert not [r for r in records if r["type"] == "result"]
+            await connections_closed(upstream)
+            stop.set()
+
+
+async def test_starlette_app_refuses_a_bad_job(upstream: RunningUpstream) -> None:
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            url, stop = await start_app(nursery, upstream)
+            async with httpx.AsyncClient() as http:
+                response = await http.post(f"{url}/compare", content=b"{")
+            stop.set()
+    assert response.status_code == 400 and "error" in response.json()
+    assert upstream.stats.requests == {}
+
+
 # -- The scripts themselves, as a reader runs them ----------------------------------------
 
 @pytest.mark.parametrize("script, args, expected", [
     ("websocket_server.py", ["--demo", "--models", "mock/fast", "fault/truncate"],
+     ["mock/fast            completed", "fault/truncate       truncated"]),
+    ("starlette_app.py", ["--demo", "--models", "mock/fast", "fault/truncate"],
      ["mock/fast            completed", "fault/truncate       truncated"]),
     ("worker.py", ["--jobs", "300"], ["300 jobs in ", "{'completed': 300}"]),
 ])
