@@ -5,7 +5,7 @@
 Starts ``fanout mock`` in its own process, then runs each stream below through
 ``run_fanout`` with NO options (the documented defaults: deadlines, the 64 MiB
 response cap, the choice and tool-call caps) in a fresh Python process of its
-own, and reads that process's peak RSS (``ru_maxrss``).  The peer, measured in
+own, and reads that process's peak RSS (``VmHWM``).  The peer, measured in
 the same run, is one ordinary stream (``mock/fast``, 200 tokens): the
 interpreter, the imports and a stream's fixed cost.  Each hostile row reports
 its outcome, why it ended, how many bytes it read, its peak RSS and the ratio
@@ -27,7 +27,7 @@ import subprocess
 import time
 
 CHILD = r"""
-import json, resource, sys, time, trio
+import json, sys, time, trio
 from fanout import Endpoint, StreamRequest, run_fanout
 
 async def main():
@@ -42,7 +42,9 @@ print(json.dumps({
     "outcome": str(result.outcome), "reason": result.reason or "completed",
     "bytes": result.bytes_received, "chars": len(result.text),
     "choices": len(result.choices), "skipped": result.skipped_frames, "seconds": seconds,
-    "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    # VmHWM, not ru_maxrss: a child's ru_maxrss starts at its parent's peak
+    "peak_rss_mb": int(next(line for line in open("/proc/self/status")
+                            if line.startswith("VmHWM")).split()[1]) / 1024}))
 """
 
 STREAMS = [

@@ -167,8 +167,11 @@ class Fanout:
         self._per_model_setting = per_model_concurrency
         self._per_model: dict[str, trio.CapacityLimiter] = {}
         self._sealed = False
-        self._queue_room = trio.Semaphore(max_queued)
-        self._holding_room: set[StreamRunner] = set()  # submitted, holding a queue place
+        # A submitted stream holds its place until its task has ended: waiting for a
+        # slot, running, or waiting for the consumer to take its final event (a slow
+        # consumer must push back on the producer too, not pile up finished tasks).
+        self._queue_room = trio.Semaphore(max_queued + (max_concurrency or 0))
+        self._holding_room: set[StreamRunner] = set()
 
     @property
     def running(self) -> AbstractSet[str]:
@@ -227,7 +230,6 @@ class Fanout:
         if self._runners.get(runner.key) is runner:
             self._queued.discard(runner.key)
             self._running.add(runner.key)
-            self._leave_queue(runner)
 
     def _leave_queue(self, runner: StreamRunner) -> None:
         if runner in self._holding_room:
@@ -244,8 +246,9 @@ class Fanout:
     async def submit(self, request: StreamRequest) -> StreamHandle:
         """Start another stream (``accept_more=True`` fan-outs, until ``seal()``).
 
-        Waits while ``max_queued`` submitted streams are still waiting for a
-        concurrency slot (so a producer loop is bounded by default), then starts
+        Waits while ``max_queued`` submitted streams wait for a concurrency slot
+        beyond the ``max_concurrency`` that run (so a producer loop is bounded by
+        default, also when the consumer is slower than the streams), then starts
         the stream and returns its handle.  A key already in the fan-out (running,
         or finished and not forgotten) is a ``ValueError``; so is one submitted
         twice while waiting here.
@@ -389,8 +392,9 @@ async def open_fanout(
     ``accept_more``: ``await fan.submit(request)`` adds streams until
     ``fan.seal()``; ``async for event in fan.events`` ends only after
     ``seal()`` and the last stream.  ``submit`` waits while ``max_queued``
-    (1,024) submitted streams wait for a slot, so a producer loop cannot pile
-    up tasks.
+    (1,024) submitted streams wait beyond the ``max_concurrency`` running ones
+    (for a slot, or for the consumer to take their last event), so a producer
+    loop cannot pile up tasks.
 
     ``client``: your own ``httpx.AsyncClient`` (fanout builds one sized to
     ``max_concurrency`` otherwise, and closes it; yours it leaves open, so
