@@ -79,7 +79,7 @@ async def handle(request: WebSocketRequest, endpoint: fanout.Endpoint,
             nursery.cancel_scope.cancel()  # everything sent: stop watching
     except* ConnectionClosed:
         # A send found the client gone.  Raised inside the fan-out's block, it arrives
-        # wrapped in exception groups (one per nursery it crossed): except* unwraps.
+        # wrapped in this handler's nursery's exception group: except* unwraps it.
         pass
     # Returning closes the connection (trio-websocket sends a normal close, 1000).
     # Any other exception would stop the whole server (the handlers run in its

@@ -55,9 +55,9 @@ async def run_worker(endpoint: fanout.Endpoint, jobs: trio.MemoryReceiveChannel[
     gets the ``Fanout`` (for a health check: ``fan.running``, ``fan.queued``).
     """
     stop = stop if stop is not None else trio.Event()
-    # Submitted and not yet handled.  Taking a slot here *before* taking a job is
-    # the backpressure: ``submit`` itself never waits, so without it a burst of
-    # 20,000 jobs would become 20,000 queued streams at once.
+    # Submitted and not yet handled.  ``submit`` already waits while ``max_queued``
+    # streams wait for a slot; taking a place here *before* taking a job adds that a
+    # stop never strands a job taken off the channel and not yet submitted.
     room = trio.Semaphore(concurrency + backlog)
     submitted: dict[str, Job] = {}
     intake = trio.CancelScope()  # cancelled by a stop: take no more jobs
