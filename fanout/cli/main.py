@@ -32,7 +32,8 @@ def _parser() -> argparse.ArgumentParser:
         "compare", help="one prompt, several models, side by side as they stream",
         description="Send one prompt to several models at once through one endpoint and "
                     "watch their answers stream side by side. Exit status: 0 when every "
-                    "stream completed, 1 otherwise, 2 for bad usage, 130 after Ctrl-C.")
+                    "stream completed with an answer, 1 otherwise (stderr says why, per "
+                    "stream), 2 for bad usage, 130 after Ctrl-C.")
     compare.add_argument("prompt", metavar="PROMPT",
                          help="the prompt; - reads standard input, @FILE reads a file")
     compare.add_argument("-m", "--model", dest="models", action="append", default=[],
