@@ -9,15 +9,16 @@ import pytest
 import trio
 from trio.testing import MockClock
 
-from fanout.cli.batch import plan_work
+from fanout.cli.batch import _Final, is_done, not_completed, plan_work
 from fanout.cli.prompts import PromptFileError, load_prompts
-from fanout.cli.ratelimit import AdaptiveLimit
+from fanout.cli.ratelimit import AdaptiveLimit, EndpointLimit
 from fanout.cli.report import _percentile, model_summary
 from fanout.cli.results import (
     ResultsWriter,
     parse_shard,
     read_results,
     shard_of,
+    state_of,
     work_key,
 )
 from fanout.config import parse_config
@@ -281,6 +282,115 @@ async def test_a_429_pauses_submissions_for_its_wait(autojump_clock: MockClock) 
     assert limit.paused == pytest.approx(3.0)
     await limit.wait_if_paused()  # no pause running: no wait
     assert trio.current_time() - start == pytest.approx(3.0)
+
+
+# ------------------------------------------------------- the endpoint's limit
+
+async def test_a_cut_halves_the_endpoint_once_per_generation(autojump_clock: MockClock) -> None:
+    limit = EndpointLimit(16)
+    sent = trio.current_time()
+    await trio.sleep(1)
+    assert limit.cut(sent, trio.current_time(), running=16) is True
+    assert (limit.limit, limit.lowest, limit.cuts) == (8, 8, 1)
+    # Streams sent before that decrease are the same burst: no second halving.
+    assert limit.cut(sent, trio.current_time() + 0.5, running=12) is False
+    assert limit.limit == 8 and limit.cuts == 2
+    await trio.sleep(1)
+    later = trio.current_time()  # sent after the decrease: a new generation's cut
+    assert limit.cut(later, later + 0.1, running=3) is True
+    assert limit.limit == 1  # half of what ran when it was cut, not of the limit
+    assert limit.cut(later + 1, later + 2, running=2) is False  # never below 1
+    assert (limit.limit, limit.lowest, limit.decreases) == (1, 1, 2)
+
+
+def test_after_a_cut_a_slot_back_takes_longer_each_time() -> None:
+    limit = EndpointLimit(4, probe=8)
+    limit.cut(0.0, 1.0, running=2)
+    assert limit.limit == 1
+    for _ in range(7):
+        limit.succeeded()
+    assert limit.limit == 1
+    limit.succeeded()
+    assert limit.limit == 2  # the probe, after 8 successes in a row
+    limit.cut(2.0, 3.0, running=2)  # the probe was cut: back to 1, and twice the wait
+    assert limit.limit == 1
+    for _ in range(15):
+        limit.succeeded()
+    assert limit.limit == 1
+    limit.succeeded()
+    assert limit.limit == 2
+    limit.reset()  # the cuts were not the server's doing
+    assert limit.limit == 4 and limit.lowest == 1
+    limit.cut(4.0, 5.0, running=4)
+    for _ in range(2):
+        limit.succeeded()
+    assert limit.limit == 2  # after a reset, the first probe waits 8 again
+    for _ in range(6):
+        limit.succeeded()
+    assert limit.limit == 3
+
+
+def test_a_success_never_raises_the_endpoint_above_its_maximum() -> None:
+    limit = EndpointLimit(2)
+    for _ in range(100):
+        limit.succeeded()
+    assert limit.limit == 2 and limit.lowest == 2 and limit.cuts == 0
+
+
+# ----------------------------------------------------------- what a run says
+
+def final(model: str, state: str, status: int | None = None,
+          reason: str | None = "why") -> _Final:
+    return _Final(model, state, status, reason)
+
+
+def test_running_again_is_advised_only_when_it_can_help() -> None:
+    from collections import Counter
+    # a: some of its streams timed out, not all: a rerun may well do better.
+    finals = {"1": final("a", "timed_out"), "2": final("b", "truncated", reason="cut")}
+    assert not_completed(finals, 10, Counter({"a": 5, "b": 5}), accept_empty=False) == [
+        "2 of 10 streams are not completed; run the same command again to redo them"]
+    # b failed every one of its streams, the same way; c had a 400 and a 503.
+    finals = {"1": final("b", "error", 500, "HTTP 500: boom"),
+              "2": final("b", "error", 500, "HTTP 500: boom again"),
+              "3": final("c", "error", 400, "HTTP 400: bad\x1b[2J field"),
+              "4": final("c", "error", 503, "HTTP 503: busy")}
+    assert not_completed(finals, 9, Counter({"b": 2, "c": 5}), accept_empty=False) == [
+        "4 of 9 streams are not completed",
+        "b: all 2 of its streams this run failed (HTTP 500: boom): running the same command "
+        "again will not help",
+        "c: 1 request refused as sent (HTTP 400: bad field): running again sends it unchanged; "
+        "fix the prompt, the params or the model",
+        "run the same command again to redo the other 1"]
+    # One stream is no pattern; 408, 409 and 429 are worth another try.
+    for status in (408, 409, 429):
+        lines = not_completed({"1": final("d", "error", status)}, 1, Counter({"d": 1}),
+                              accept_empty=False)
+        assert lines == ["1 of 1 streams are not completed; run the same command again to "
+                         "redo them"]
+    lines = not_completed({"1": final("e", "empty", 200, None), "2": final("e", "empty", 200,
+                                                                        None)},
+                          2, Counter({"e": 2}), accept_empty=False)
+    assert lines[1] == ("e: all 2 of its streams this run came back empty: running the same "
+                        "command again will not help; --accept-empty counts empty answers as "
+                        "done")
+
+
+def test_what_a_record_counts_as() -> None:
+    assert state_of({"outcome": "completed", "flags": [], "choices": []}) == "completed"
+    assert state_of({"outcome": "completed", "flags": ["empty_answer"]}) == "empty"
+    assert state_of({"outcome": "completed", "flags": ["missing_usage"]}) == "completed"
+    assert state_of({"outcome": "completed", "flags": [], "cut": True}) == "truncated"
+    assert state_of({"outcome": "timed_out", "flags": []}) == "timed_out"
+    # Written before flags existed: the choices say whether anything came.
+    old = {"outcome": "completed", "choices": [{"text": " ", "reasoning": "", "refusal": "",
+                                                "tool_calls": []}]}
+    assert state_of(old) == "empty"
+    old["choices"][0]["tool_calls"] = [{"name": "f"}]  # type: ignore[index]
+    assert state_of(old) == "completed"
+    assert state_of({"outcome": "completed"}) == "completed"  # nothing to go by
+    assert is_done("completed", False) and not is_done("empty", False)
+    assert is_done("empty", True) and not is_done("truncated", True)
 
 
 # --------------------------------------------------------------------- report
