@@ -7,7 +7,9 @@
 from .capture import Capture as Capture
 from .models import MODELS as MODELS
 from .server import RunningUpstream as RunningUpstream
+from .server import UpstreamStats as UpstreamStats
 from .server import open_upstream as open_upstream
 from .server import serve_upstream as serve_upstream
 
-__all__ = ["MODELS", "Capture", "RunningUpstream", "open_upstream", "serve_upstream"]
+__all__ = ["MODELS", "Capture", "RunningUpstream", "UpstreamStats", "open_upstream",
+           "serve_upstream"]

@@ -2,7 +2,9 @@
 
 Scripted models (``mock/*``) give deterministic answers from the seed and
 the prompt.  Fault models (``fault/*``) break a stream the ways real relays
-do.  ``replay/<capture>`` serves a recorded body with its recorded timing.
+and hostile servers do.  ``slot/*`` models share one generation slot, as a
+llama.cpp server does: a new request cuts the stream that holds it.
+``replay/<capture>`` serves a recorded body with its recorded timing.
 A model id may carry arguments after ``:`` (``fault/429:3``) and a
 fragmenting mode after ``@`` (``mock/fast@byte``).
 """
@@ -10,23 +12,52 @@ fragmenting mode after ``@`` (``mock/fast@byte``).
 from __future__ import annotations
 
 import itertools
+import json
+import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import attrs
 import orjson
 
+from .bomb import MIB, gzip_bomb
 from .capture import Capture
 from .corpus import REASONING, cut, example_arguments, fragments, rng_for
 from .plans import Abort, ChatRequest, Hang, Pause, Plan, Send, Step, error_plan, json_plan
 
-__all__ = ["MODELS", "Context", "ModelSpec", "plan_chat"]
+__all__ = ["ECHO_MARKER", "ECHO_PLACES", "MODELS", "Context", "ModelSpec", "Slot", "plan_chat"]
 
 SSE_HEADERS = (("content-type", "text/event-stream; charset=utf-8"),
                ("cache-control", "no-cache"), ("x-accel-buffering", "no"))
 DONE = b"data: [DONE]\n\n"
+
+
+@attrs.define
+class Slot:
+    """The one generation slot all ``slot/*`` streams share (llama.cpp's
+    ``interrupt_requests``): each request takes it, and the stream that held
+    it notices before its next chunk that it was cut."""
+
+    holder: int | None = None  # the ticket of the stream holding the slot, if any
+    issued: int = 0  # tickets issued: slot/* requests seen
+    cuts: int = 0  # streams cut by a later request
+
+    def take(self) -> int:
+        """A new request's ticket: it holds the slot now, whoever held it before."""
+        self.issued += 1
+        self.holder = self.issued
+        return self.issued
+
+    def holds(self, ticket: int) -> bool:
+        return self.holder == ticket
+
+    def release(self, ticket: int) -> None:
+        """Give the slot back, if ``ticket`` still holds it (a cut stream does not)."""
+        if self.holder == ticket:
+            self.holder = None
 
 
 @attrs.define
@@ -37,6 +68,8 @@ class Context:
     attempts: dict[str, int] = attrs.Factory(dict)  # conversation -> requests seen
     streaming: dict[str, int] = attrs.Factory(dict)  # model -> its streams open now
     captures: Mapping[str, Path] = attrs.Factory(dict)
+    cookies_seen: list[str] = attrs.Factory(list)  # every request's Cookie header, in order
+    slot: Slot = attrs.Factory(Slot)  # the slot/* models' one slot
     _loaded: dict[str, Capture] = attrs.Factory(dict)
 
     def capture(self, name: str) -> Capture | None:
@@ -159,15 +192,25 @@ class _Chunks:
 
     def __init__(self, request: ChatRequest) -> None:
         rng = rng_for(request.seed, request.model, request.prompt, "id")
-        self.head = {"id": f"chatcmpl-mock{rng.getrandbits(64):016x}",
-                     "object": "chat.completion.chunk", "created": int(time.time()),
-                     "model": request.model, "system_fingerprint": "fp_fanout_mock"}
+        self.head: dict[str, Any] = {
+            "id": f"chatcmpl-mock{rng.getrandbits(64):016x}", "object": "chat.completion.chunk",
+            "created": int(time.time()), "model": request.model,
+            "system_fingerprint": "fp_fanout_mock"}
 
     def event(self, choices: list[dict[str, Any]], usage: Any = None) -> bytes:
         body = {**self.head, "choices": choices}
         if usage is not None:
             body["usage"] = usage
         return b"data: " + orjson.dumps(body) + b"\n\n"
+
+    def role(self, count: int) -> bytes:
+        """The first chunk: the assistant role for ``count`` choices."""
+        return self.event([{"index": i, "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None, "finish_reason": None} for i in range(count)])
+
+    def finish(self, answers: list[_Choice]) -> bytes:
+        return self.event([{"index": i, "delta": {}, "logprobs": None,
+                            "finish_reason": a.finish_reason} for i, a in enumerate(answers)])
 
     def part(self, index: int, part: tuple[Any, ...]) -> bytes:
         if part[0] == "tool":
@@ -209,22 +252,24 @@ def _pauses(request: ChatRequest, context: Context, default: float | tuple[float
 def _stream(request: ChatRequest, answers: list[_Choice], pauses: Iterator[float]
             ) -> Iterator[Step]:
     chunks = _Chunks(request)
-    yield Send(chunks.event([{"index": i, "delta": {"role": "assistant", "content": ""},
-                              "logprobs": None, "finish_reason": None}
-                             for i in range(len(answers))]))
-    for group in itertools.zip_longest(*(a.parts for a in answers)):
-        for index, part in enumerate(group):
-            if part is None:
-                continue
-            pause = next(pauses)
-            if pause:
-                yield Pause(pause)
-            yield Send(chunks.part(index, part))
-    yield Send(chunks.event([{"index": i, "delta": {}, "logprobs": None,
-                              "finish_reason": a.finish_reason} for i, a in enumerate(answers)]))
+    yield Send(chunks.role(len(answers)))
+    for index, part in _interleaved(answers):
+        pause = next(pauses)
+        if pause:
+            yield Pause(pause)
+        yield Send(chunks.part(index, part))
+    yield Send(chunks.finish(answers))
     if request.include_usage:
         yield Send(chunks.event([], _usage(request, answers)))
     yield Send(DONE)
+
+
+def _interleaved(answers: list[_Choice]) -> Iterator[tuple[int, tuple[Any, ...]]]:
+    """(choice index, part) in sending order: the choices take turns."""
+    for group in itertools.zip_longest(*(a.parts for a in answers)):
+        for index, part in enumerate(group):
+            if part is not None:
+                yield index, part
 
 
 def _completion(request: ChatRequest, answers: list[_Choice]) -> Plan:
@@ -254,16 +299,21 @@ def _scripted(kind: str, cadence: float | tuple[float, float] = 0.0, *,
         answers = _answer(request, kind)
         if not request.stream:
             return _completion(request, answers)
-        # ``mock/reasoning:0.04``: seconds between chunks for this request, over the
-        # server's --cadence (only an X-Fanout-Cadence header is more specific).
-        own = _arg(request, -1.0) if cadence_arg else -1.0
-        if own >= 0 and request.cadence is None:
-            pauses: Iterator[float] = itertools.repeat(own)
-        else:
-            pauses = _pauses(request, context, cadence)
+        pauses = _own_pauses(request, context, cadence) if cadence_arg else _pauses(
+            request, context, cadence)
         return Plan(200, SSE_HEADERS, steps=_stream(request, answers, pauses),
                     fragment=request.fragment)
     return plan
+
+
+def _own_pauses(request: ChatRequest, context: Context, default: float | tuple[float, float]
+                ) -> Iterator[float]:
+    """``mock/reasoning:0.04``: seconds between chunks for this request, over the
+    server's --cadence (only an X-Fanout-Cadence header is more specific)."""
+    own = _arg(request, -1.0)
+    if own >= 0 and request.cadence is None:
+        return itertools.repeat(own)
+    return _pauses(request, context, default)
 
 
 # ---------------------------------------------------------------- faults
@@ -399,6 +449,10 @@ def _fails_first(status: int, default_times: int) -> Callable[[ChatRequest, Cont
         if status == 429:
             return _rate_limited(request, f"Rate limit reached (fanout mock: attempt {attempt} "
                                  f"of {times} refused).")
+        if status == 503:
+            return error_plan(503, "The engine is currently overloaded, please try again "
+                              f"later (fanout mock: attempt {attempt} of {times}).",
+                              "server_error", code="overloaded")
         return error_plan(status, f"The server had an error (fanout mock: attempt {attempt} of "
                           f"{times}).", "server_error")
     return plan
@@ -425,17 +479,21 @@ def _busy(request: ChatRequest, context: Context) -> Plan:
     if plan.steps is None:
         return plan
     context.streaming[model] = context.streaming.get(model, 0) + 1
-    return attrs.evolve(plan, steps=_Counted(plan.steps, context.streaming, model))
+
+    def give_back() -> None:
+        context.streaming[model] -= 1
+
+    return attrs.evolve(plan, steps=_OnClose(plan.steps, give_back))
 
 
-class _Counted(Iterator[Step]):
-    """Steps that give their model's slot back once: at the end, or on ``close()``
-    (the server closes every plan's steps, even one it never started)."""
+class _OnClose(Iterator[Step]):
+    """Steps that run ``callback`` once: at their end, or on ``close()`` (the server
+    closes every plan's steps, even one it never started, which a generator's
+    ``finally`` would miss)."""
 
-    def __init__(self, steps: Iterable[Step], open_streams: dict[str, int], model: str) -> None:
+    def __init__(self, steps: Iterable[Step], callback: Callable[[], None]) -> None:
         self._steps = iter(steps)
-        self._open = open_streams
-        self._model = model
+        self._callback = callback
         self._closed = False
 
     def __next__(self) -> Step:
@@ -448,13 +506,377 @@ class _Counted(Iterator[Step]):
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self._open[self._model] -= 1
+            close = getattr(self._steps, "close", None)
+            if close is not None:
+                close()
+            self._callback()
 
 
 def _empty_200(request: ChatRequest, context: Context) -> Plan:
     if not request.stream:
         return Plan(200, (("content-type", "application/json"),), b"")
     return Plan(200, SSE_HEADERS, steps=())
+
+
+# ---------------------------------------------------------------- one slot (llama.cpp)
+
+def _slot(cut: str) -> Callable[[ChatRequest, Context], Plan]:
+    """``slot/<cut>``: mock text, at ``:SECONDS`` (default 0.02) between chunks, in the
+    server's one slot.  Taking the slot cuts the stream that held it, the ``cut`` way
+    of *that* stream's model."""
+    def plan(request: ChatRequest, context: Context) -> Plan:
+        ticket = context.slot.take()
+        answers = _answer(request, "text")
+        if not request.stream:
+            context.slot.release(ticket)  # answered at once: the slot is free again
+            return _completion(request, answers)
+        steps = _slot_stream(request, answers, _own_pauses(request, context, 0.02),
+                             context.slot, ticket, cut)
+        return Plan(200, SSE_HEADERS, steps=_OnClose(steps, partial(context.slot.release,
+                                                                     ticket)),
+                    fragment=request.fragment)
+    return plan
+
+
+def _slot_stream(request: ChatRequest, answers: list[_Choice], pauses: Iterator[float],
+                 slot: Slot, ticket: int, cut: str) -> Iterator[Step]:
+    """mock text that checks, before each chunk up to the finish, that it still holds the slot."""
+    chunks = _Chunks(request)
+    due: Iterator[tuple[float, bytes]] = itertools.chain(
+        [(0.0, chunks.role(len(answers)))],
+        ((next(pauses), chunks.part(index, part)) for index, part in _interleaved(answers)))
+    for pause, data in due:
+        if pause:
+            yield Pause(pause)
+        if not slot.holds(ticket):
+            slot.cuts += 1
+            yield from _slot_cut(cut, chunks, len(answers))
+            return
+        yield Send(data)
+    slot.release(ticket)  # generation is over: what is left is sent whatever comes in
+    yield Send(chunks.finish(answers))
+    if request.include_usage:
+        yield Send(chunks.event([], _usage(request, answers)))
+    yield Send(DONE)
+
+
+def _slot_cut(cut: str, chunks: _Chunks, count: int) -> Iterator[Step]:
+    if cut == "relay":  # a LiteLLM-style relay in front turns the cut into a finished answer
+        yield Send(chunks.event([{"index": i, "delta": {}, "finish_reason": "stop"}
+                                 for i in range(count)]))
+        yield Send(DONE)
+        return
+    yield Send(DONE)  # llama.cpp: [DONE], and no finish_reason for the cut choice
+    if cut == "broken":
+        yield Abort(b'data: {"choices":[{"index":0,"delta":{"content":"')
+
+
+# ---------------------------------------------------------------- hostile servers
+
+def _empty_stop(request: ChatRequest, context: Context) -> Plan:
+    """The role chunk, then ``finish_reason: "stop"`` with no content at all (LiteLLM's
+    answer to a context overflow, ``L10_context_overflow_stream``)."""
+    answers = [_Choice() for _ in range(request.n)]
+    if not request.stream:
+        return _completion(request, answers)
+    return Plan(200, SSE_HEADERS, steps=_stream(request, answers, iter(())),
+                fragment=request.fragment)
+
+
+ECHO_MARKER = "fanout-echo-no-authorization-header"  # echoed when no key was sent
+ECHO_PLACES = ("stream-error", "event-error", "http", "http-text", "json-200", "headers",
+               "meta", "skipped", "escaped", "all")
+
+
+def _escaped(text: str) -> bytes:
+    """``text`` as the inside of a JSON string, every UTF-16 unit a ``\\uXXXX`` escape."""
+    units = text.encode("utf-16-be")
+    return b"".join(b"\\u%02x%02x" % (units[i], units[i + 1]) for i in range(0, len(units), 2))
+
+
+def _echo_error(key: str) -> dict[str, Any]:
+    return {"message": f"Incorrect API key provided: {key}. You can find your API key at "
+            "https://example.invalid/keys (fanout mock echoes it).",
+            "type": key, "code": key, "param": key}
+
+
+def _echo_headers(key: str) -> tuple[tuple[str, str], ...]:
+    return (("x-request-id", key), ("openai-model", key), ("retry-after", key),
+            ("x-ratelimit-remaining-requests", key), ("set-cookie", f"fanout_echo={key}; Path=/"),
+            ("x-echo", key))
+
+
+def _echo_key(request: ChatRequest, context: Context) -> Plan:
+    """``fault/echo-key:WHERE``: the request's bearer token sent back, at WHERE."""
+    key = request.api_key or ECHO_MARKER
+    where = request.args[0] if request.args and request.args[0] else "all"
+    if where not in ECHO_PLACES:
+        return error_plan(400, f"fault/echo-key: {where!r} is not one of: "
+                          f"{', '.join(ECHO_PLACES)}", "invalid_request_error", param="model")
+    if where == "http":
+        error = _echo_error(key)
+        return error_plan(401, error["message"], key, param=key, code=key)
+    if where == "http-text":
+        return Plan(500, (("content-type", "text/plain; charset=utf-8"),),
+                    f"Internal Server Error: upstream refused Authorization: Bearer {key}\n"
+                    .encode())
+    headers = _echo_headers(key) if where in ("headers", "all") else ()
+    if where == "json-200" or (not request.stream and where != "headers"):
+        return json_plan(200, {"error": _echo_error(key)}, headers)
+    answers = _answer(request, "text")
+    if not request.stream:
+        return attrs.evolve(_completion(request, answers), headers=(
+            ("content-type", "application/json"), *headers))
+    return Plan(200, (*SSE_HEADERS, *headers), fragment=request.fragment,
+                steps=_echo_stream(request, answers, _pauses(request, context, 0.0), key, where))
+
+
+def _echo_stream(request: ChatRequest, answers: list[_Choice], pauses: Iterator[float],
+                 key: str, where: str) -> Iterator[Step]:
+    chunks = _Chunks(request)
+    if where in ("meta", "all"):
+        chunks.head.update(id=key, model=key, system_fingerprint=key)
+    yield Send(chunks.role(len(answers)))
+    parts = _interleaved(answers)
+    for index, part in itertools.islice(parts, 2):
+        pause = next(pauses)
+        if pause:
+            yield Pause(pause)
+        yield Send(chunks.part(index, part))
+    raw = key.encode("utf-8", "replace")
+    if where in ("skipped", "all"):
+        yield Send(b'data: {"error": {"message": "bad key ' + raw + b'"\n\n')  # invalid JSON
+        yield Send(b"data: " + orjson.dumps(f"upstream: your key is {key}") + b"\n\n")
+    if where in ("meta", "all"):
+        yield Send(chunks.event([{"index": 0, "delta": {"tool_calls": [{
+            "index": 0, "id": key, "type": "function",
+            "function": {"name": key, "arguments": "{}"}}]},
+            "logprobs": None, "finish_reason": None}]))
+    if where == "stream-error":
+        yield Send(b"data: " + orjson.dumps({"error": _echo_error(key)}) + b"\n\n")
+        return
+    if where == "event-error":
+        yield Send(b"event: error\ndata: " + orjson.dumps({"error": _echo_error(key)}) + b"\n\n")
+        return
+    if where == "escaped":
+        yield Send(b'data: {"error": {"message": "Incorrect API key provided: ' + _escaped(key)
+                   + b'", "type": "invalid_request_error", "code": "invalid_api_key", '
+                   b'"param": null}}\n\n')
+        return
+    if where == "all":  # the key in every field, and once more escaped in the message
+        error = _echo_error(key)
+        message = orjson.dumps(error.pop("message") + " Escaped: ")[:-1] + _escaped(key) + b'"'
+        yield Send(b'data: {"error": {"message": ' + message + b", "
+                   + orjson.dumps(error)[1:] + b"}\n\n")
+        return
+    for index, part in parts:  # headers, meta, skipped: the rest of a normal stream
+        pause = next(pauses)
+        if pause:
+            yield Pause(pause)
+        yield Send(chunks.part(index, part))
+    if where == "meta":
+        answers = [attrs.evolve(answers[0], finish_reason="tool_calls"), *answers[1:]]
+    yield Send(chunks.finish(answers))
+    if request.include_usage:
+        yield Send(chunks.event([], _usage(request, answers)))
+    yield Send(DONE)
+
+
+def _no_response(request: ChatRequest, context: Context) -> Plan:
+    """Read the request, then nothing at all: not even a status line."""
+    return Plan(200, raw=True, steps=[Hang()])
+
+
+def _drip_headers(request: ChatRequest, context: Context) -> Plan:
+    """A status line, then an endless header, one byte every ``:SECONDS`` (default 0.5)."""
+    seconds = _arg(request, 0.5)
+
+    def steps() -> Iterator[Step]:
+        yield Send(b"HTTP/1.1 200 OK\r\n")
+        for byte in itertools.chain(b"x-fanout-drip: ", itertools.repeat(ord("a"))):
+            yield Pause(seconds)
+            yield Send(bytes((byte,)))
+    return Plan(200, raw=True, steps=steps(), fragment=request.fragment or "event")
+
+
+DRIP_BODY = b'data: {"choices":[{"index":0,"delta":{"content":"'
+
+
+def _drip_body(request: ChatRequest, context: Context) -> Plan:
+    """SSE headers, then one byte every ``:SECONDS`` (default 0.5) of an event that never ends."""
+    seconds = _arg(request, 0.5)
+
+    def steps() -> Iterator[Step]:
+        for byte in itertools.chain(DRIP_BODY, itertools.repeat(ord("x"))):
+            yield Send(bytes((byte,)))
+            yield Pause(seconds)
+    return Plan(200, SSE_HEADERS, steps=steps(), fragment=request.fragment)
+
+
+def _gzipped(request: ChatRequest, context: Context) -> Plan:
+    """mock/fast, gzipped as it goes (``Accept-Encoding: identity`` or not)."""
+    return attrs.evolve(_scripted("text", cadence_arg=False)(request, context), gzip=True)
+
+
+def _gzip_bomb_plan(request: ChatRequest, context: Context) -> Plan:
+    """``:MB`` (default 1024) MiB of content chunks once inflated; about 1.7 KiB a MiB sent."""
+    mib = min(max(1, int(_arg(request, 1024))), 16 * 1024)
+    steps = (Send(piece) for piece in gzip_bomb(mib))
+    return Plan(200, (*SSE_HEADERS, ("content-encoding", "gzip"),
+                      ("x-fanout-inflated-bytes", str(mib * MIB))), steps=steps,
+                fragment=request.fragment)
+
+
+def _endless(request: ChatRequest, context: Context) -> Plan:
+    """Small content deltas forever, ``:SECONDS`` (default 0) apart."""
+    seconds = request.cadence if request.cadence is not None else _arg(request, 0.0)
+    pieces = fragments(rng_for(request.seed, request.name, request.prompt), 64)
+
+    def steps() -> Iterator[Step]:
+        chunks = _Chunks(request)
+        yield Send(chunks.role(1))
+        for piece in itertools.cycle(pieces):
+            if seconds:
+                yield Pause(seconds)
+            yield Send(chunks.part(0, ("content", piece)))
+    return Plan(200, SSE_HEADERS, steps=steps(), fragment=request.fragment)
+
+
+def _many_choices(request: ChatRequest, context: Context) -> Plan:
+    """``:N`` (default 100000) chunks, each a one-character delta of a new choice index."""
+    count = max(1, int(_arg(request, 100_000)))
+
+    def steps() -> Iterator[Step]:
+        chunks = _Chunks(request)
+        for index in range(count):
+            yield Send(chunks.event([{"index": index, "delta": {"content": "x"},
+                                      "logprobs": None, "finish_reason": None}]))
+        yield Send(DONE)
+    return Plan(200, SSE_HEADERS, steps=steps(), fragment=request.fragment)
+
+
+def _many_tools(request: ChatRequest, context: Context) -> Plan:
+    """One choice whose ``:N`` (default 100000) tool-call deltas each open a new tool index."""
+    count = max(1, int(_arg(request, 100_000)))
+
+    def steps() -> Iterator[Step]:
+        chunks = _Chunks(request)
+        yield Send(chunks.role(1))
+        for index in range(count):
+            yield Send(chunks.event([{"index": 0, "delta": {"tool_calls": [{
+                "index": index, "id": f"call_{index}", "type": "function",
+                "function": {"name": "t", "arguments": "{}"}}]},
+                "logprobs": None, "finish_reason": None}]))
+        yield Send(chunks.event([{"index": 0, "delta": {}, "logprobs": None,
+                                  "finish_reason": "tool_calls"}]))
+        yield Send(DONE)
+    return Plan(200, SSE_HEADERS, steps=steps(), fragment=request.fragment)
+
+
+def _negative_index(request: ChatRequest, steps: Iterator[Step]) -> Iterator[Step]:
+    chunks = _Chunks(request)
+    yield from _until_sends(steps, 3)
+    yield Send(chunks.event([{"index": -1, "delta": {"content": "negative choice"},
+                              "logprobs": None, "finish_reason": None}]))
+    yield Send(chunks.event([{"index": 0, "delta": {"tool_calls": [{
+        "index": -1, "id": "call_negative", "type": "function",
+        "function": {"name": "negative", "arguments": "{}"}}]},
+        "logprobs": None, "finish_reason": None}]))
+    yield from steps
+
+
+BIG_INDEX = 2**64  # 18446744073709551616: one past the largest unsigned 64-bit integer
+BIG_COUNT = 10**30
+
+
+def _big_int(request: ChatRequest, steps: Iterator[Step]) -> Iterator[Step]:
+    head = _Chunks(request).head  # orjson refuses integers past 64 bits: json writes them
+
+    def event(body: dict[str, Any]) -> bytes:
+        return b"data: " + json.dumps({**head, **body}, separators=(",", ":")).encode() + b"\n\n"
+
+    yield from _until_sends(steps, 3)
+    yield Send(event({"choices": [{"index": BIG_INDEX, "delta": {"content": "big"},
+                                   "logprobs": None, "finish_reason": None}]}))
+    for step in steps:
+        if isinstance(step, Send) and step.data == DONE:
+            yield Send(event({"choices": [], "usage": {
+                "prompt_tokens": BIG_COUNT, "completion_tokens": BIG_COUNT,
+                "total_tokens": 2 * BIG_COUNT}}))
+        yield step
+
+
+HTML_PAGE = b"""<!DOCTYPE html>
+<html><head><title>Sign in to continue</title></head>
+<body><h1>Network login required</h1>
+<p>Please sign in to the guest network to continue.</p>
+<form method="post" action="/login"><input name="user"><input name="password" type="password">
+<button>Sign in</button></form></body></html>
+"""
+
+
+def _html(request: ChatRequest, context: Context) -> Plan:
+    """A captive portal's (or a proxy's) login page, 200 text/html, for any request."""
+    return Plan(200, (("content-type", "text/html; charset=utf-8"),), HTML_PAGE)
+
+
+def _json_body(request: ChatRequest, context: Context) -> Plan:
+    """A whole ``chat.completion`` as JSON, even when a stream was asked for."""
+    return _completion(request, _answer(request, "text"))
+
+
+def _json_error_200(request: ChatRequest, context: Context) -> Plan:
+    return json_plan(200, {"error": {
+        "message": "The upstream provider returned an error (fanout mock: a 200 that is not).",
+        "type": "upstream_error", "param": None, "code": "upstream_error"}})
+
+
+VALIDATION_MESSAGE = (
+    "litellm.InternalServerError: InternalServerError: OpenAIException - 1 validation error:\n"
+    "  {'type': 'float_parsing', 'loc': ('body', 'temperature'), 'msg': 'Input should be a "
+    "valid number, unable to parse string as a number', 'input': 'hot'}\n\n"
+    "LiteLLM: model group 'fanout-mock' failed with the error above. No fallback was attempted.")
+
+
+def _validation_500(request: ChatRequest, context: Context) -> Plan:
+    """A request error dressed as a 500, as LiteLLM sends it (``L11_bad_type``): retrying
+    it can never help."""
+    return error_plan(500, VALIDATION_MESSAGE, "internal_server_error", code="500")
+
+
+def _bad_request(request: ChatRequest, context: Context) -> Plan:
+    return error_plan(400, "Invalid 'messages[0].content': string too long. Expected a string "
+                      "with maximum length 1048576 (fanout mock).", "invalid_request_error",
+                      param="messages[0].content", code="string_above_max_length")
+
+
+def _first_k(default_times: int, bad: Callable[[ChatRequest], Iterable[Step]]
+             ) -> Callable[[ChatRequest, Context], Plan]:
+    """The first K streamed requests of a conversation get ``bad``'s stream, then mock/fast."""
+    base = _scripted("text", cadence_arg=False)
+
+    def plan(request: ChatRequest, context: Context) -> Plan:
+        times = int(_arg(request, default_times))
+        if context.attempt(request) > times or not request.stream:
+            return base(request, context)
+        return Plan(200, SSE_HEADERS, steps=bad(request), fragment=request.fragment)
+    return plan
+
+
+def _role_only(request: ChatRequest) -> Iterable[Step]:
+    return [Send(_Chunks(request).role(request.n))]
+
+
+def _done_only(request: ChatRequest) -> Iterable[Step]:
+    return [Send(DONE)]
+
+
+def _set_cookie(request: ChatRequest, context: Context) -> Plan:
+    """mock/fast with a new session cookie each time (``Context.cookies_seen`` records
+    the Cookie header of every request, this model's or not)."""
+    plan = _scripted("text", cadence_arg=False)(request, context)
+    cookie = ("set-cookie", f"fanout_session={secrets.token_hex(16)}; Path=/")
+    return attrs.evolve(plan, headers=(*plan.headers, cookie))
 
 
 # ---------------------------------------------------------------- replay
@@ -521,6 +943,54 @@ MODELS: dict[str, ModelSpec] = {spec.id: spec for spec in [
     ModelSpec("fault/busy", "429 + Retry-After while N streams of it are open (:N, default 4)",
               _busy),
     ModelSpec("fault/empty-200", "200 and an empty body", _empty_200),
+    ModelSpec("slot/clean", "llama.cpp's one slot: a new slot/* request cuts this stream: "
+              "[DONE], no finish_reason (:SECONDS between chunks, default 0.02)",
+              _slot("clean")),
+    ModelSpec("slot/broken", "as slot/clean, and after [DONE] the HTTP chunked framing breaks",
+              _slot("broken")),
+    ModelSpec("slot/relay", "as slot/clean behind a LiteLLM-style relay: the cut becomes "
+              "finish_reason stop, then [DONE]", _slot("relay")),
+    ModelSpec("fault/empty-stop", "the role chunk, then finish_reason stop with no content",
+              _empty_stop),
+    ModelSpec("fault/echo-key", "echoes the bearer token back (:WHERE: stream-error, "
+              "event-error, http, http-text, json-200, headers, meta, skipped, escaped, all)",
+              _echo_key),
+    ModelSpec("fault/no-response", "reads the request, never sends a byte, keeps the socket",
+              _no_response),
+    ModelSpec("fault/drip-headers", "a status line, then an endless header, a byte every "
+              ":SECONDS (default 0.5)", _drip_headers),
+    ModelSpec("fault/drip-body", "SSE headers, then an event that never ends, a byte every "
+              ":SECONDS (default 0.5)", _drip_body),
+    ModelSpec("fault/gzip", "content-encoding gzip, whatever Accept-Encoding says",
+              _gzipped),
+    ModelSpec("fault/gzip-bomb", "a small gzip body that inflates to :MB MiB of SSE "
+              "(default 1024)", _gzip_bomb_plan),
+    ModelSpec("fault/endless", "content deltas that never end (:SECONDS between, default 0)",
+              _endless),
+    ModelSpec("fault/many-choices", "a one-character delta for a new choice index every "
+              "chunk, :N of them (default 100000)", _many_choices),
+    ModelSpec("fault/many-tools", "tool-call deltas, each a new tool index, :N of them "
+              "(default 100000)", _many_tools),
+    ModelSpec("fault/negative-index", "a chunk with choice index -1 and one with tool index -1",
+              _fault(_negative_index)),
+    ModelSpec("fault/big-int", "choice index 2**64 and usage counts of 10**30",
+              _fault(_big_int)),
+    ModelSpec("fault/html", "200 text/html: a captive portal's login page", _html),
+    ModelSpec("fault/json-body", "a whole chat.completion as JSON, even for a stream",
+              _json_body),
+    ModelSpec("fault/json-error-200", "200 application/json with an {\"error\"} body",
+              _json_error_200),
+    ModelSpec("fault/validation-500", "500 whose JSON error names a validation error "
+              "(LiteLLM's L11_bad_type)", _validation_500),
+    ModelSpec("fault/400", "an OpenAI-shaped 400 invalid_request_error", _bad_request),
+    ModelSpec("fault/503-then-ok", "503 for the first K requests (:K, default 1)",
+              _fails_first(503, 1)),
+    ModelSpec("fault/cut-before-content", "first K streams: the role chunk, then a clean "
+              "close without [DONE] (:K, default 1)", _first_k(1, _role_only)),
+    ModelSpec("fault/done-only", "first K streams: data: [DONE] and nothing else (:K, "
+              "default 1)", _first_k(1, _done_only)),
+    ModelSpec("fault/set-cookie", "mock/fast with Set-Cookie: fanout_session=<random>",
+              _set_cookie),
 ]}
 
 

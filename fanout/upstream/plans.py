@@ -2,7 +2,10 @@
 
 A ``Plan`` is what the server will do for one request: a status, headers,
 and either a fixed body or a lazy sequence of steps (``Send`` bytes,
-``Pause``, ``Hang`` with the socket open, ``Abort`` the connection).  The
+``Pause``, ``Hang`` with the socket open, ``Abort`` the connection).  A
+``raw`` plan's steps are the bytes of the whole response, status line and
+headers included (a server that never answers, or never ends its headers);
+a ``gzip`` plan's body is compressed as it is written.  The
 server (``server.py``) executes plans; everything that decides *what* to
 send lives here and in ``models.py``, and is tested without a socket.
 """
@@ -67,13 +70,23 @@ Step: TypeAlias = Send | Pause | Hang | Abort
 
 @attrs.frozen
 class Plan:
-    """One response.  ``steps`` (streamed, chunked) or ``body`` (Content-Length)."""
+    """One response.  ``steps`` (streamed, chunked) or ``body`` (Content-Length).
+
+    ``raw``: the steps are written to the socket as they are, with no status
+    line, headers or chunked framing of the server's (``status`` and
+    ``headers`` are ignored), and the connection is closed after them.
+    ``gzip``: the server gzips the streamed body as it writes it (each write
+    sync-flushed, so it inflates as it arrives) and says so in
+    ``content-encoding``, whatever the request's ``Accept-Encoding``.
+    """
 
     status: int
     headers: tuple[tuple[str, str], ...] = ()
     body: bytes = b""
     steps: Iterable[Step] | None = None
     fragment: str | None = None  # the request's choice, else the server's
+    raw: bool = False
+    gzip: bool = False
 
 
 class RequestError(Exception):
@@ -102,7 +115,9 @@ class ChatRequest:
 
     ``model`` is the id as sent; ``name`` the registered model it names;
     ``args`` what followed ``:`` (``fault/429:3`` -> ``("3",)``); ``fragment``
-    what followed ``@`` or the ``X-Fanout-Fragment`` header.
+    what followed ``@`` or the ``X-Fanout-Fragment`` header; ``api_key`` the
+    bearer token of the ``Authorization`` header (only ``fault/echo-key``
+    uses it, to echo it back; never in a repr).
     """
 
     model: str
@@ -121,6 +136,7 @@ class ChatRequest:
     tokens: int | None = None  # X-Fanout-Tokens: answer length before max_tokens
     delay: float | None = None  # X-Fanout-Delay: the slow fault's delay
     retry_after: float = 1.0  # X-Fanout-Retry-After: seconds, for fault/429
+    api_key: str | None = attrs.field(default=None, repr=False)
 
     @property
     def prompt(self) -> str:
@@ -211,7 +227,17 @@ def parse_chat_request(body: bytes, headers: Mapping[str, str]) -> ChatRequest:
         tokens=_header_int(headers, "x-fanout-tokens"),
         delay=_header_float(headers, "x-fanout-delay"),
         retry_after=_header_float(headers, "x-fanout-retry-after") or 1.0,
+        api_key=_bearer(headers.get("authorization")),
     )
+
+
+def _bearer(header: str | None) -> str | None:
+    """The token of ``Authorization: Bearer <token>`` (any other scheme: the whole value)."""
+    if not header:
+        return None
+    scheme, _, token = header.strip().partition(" ")
+    token = token.strip() if scheme.lower() == "bearer" else header.strip()
+    return token or None
 
 
 def _int_field(data: Mapping[str, Any], name: str, default: int | None, *, low: int,

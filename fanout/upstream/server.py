@@ -8,9 +8,12 @@ It binds to loopback unless told otherwise.  Plans (what to send) come from
 
 from __future__ import annotations
 
+import gzip
 import hmac
+import math
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+import zlib
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from functools import partial
 from pathlib import Path
@@ -36,17 +39,66 @@ from .plans import (
     parse_chat_request,
 )
 
-__all__ = ["RunningUpstream", "open_upstream", "serve_upstream"]
+__all__ = ["RunningUpstream", "UpstreamStats", "open_upstream", "serve_upstream"]
 
 MAX_REQUEST_BODY = 16 * 1024 * 1024
+# Pauses this long or longer watch the socket, so a client that leaves is noticed at once.
+# Shorter ones just sleep: a write fails within two of them anyway, and watching costs a
+# poller registration per pause, which the paced benchmark would feel.
+WATCH_PAUSES = 0.25
+
+
+@attrs.define(eq=False)
+class UpstreamStats:
+    """What a running upstream has seen, live: for tests that assert on connections.
+
+    ``connections_open`` counts connections accepted and not yet closed by the
+    server; ``requests`` counts chat-completion requests by model id as sent
+    (``fault/429:2@byte``), bad requests and other paths not included.
+    """
+
+    connections_open: int = 0
+    connections_opened: int = 0
+    connections_closed: int = 0
+    requests: dict[str, int] = attrs.Factory(dict)
+    _changed: trio.Event = attrs.Factory(trio.Event)
+
+    async def wait_for(self, predicate: Callable[[UpstreamStats], bool]) -> None:
+        """Return once ``predicate(stats)`` holds (checked now and after every change).
+
+        Bound it yourself: ``with trio.fail_after(1): await stats.wait_for(...)``.
+        """
+        while not predicate(self):
+            await self._changed.wait()
+
+    def _touch(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def _opened(self) -> None:
+        self.connections_open += 1
+        self.connections_opened += 1
+        self._touch()
+
+    def _closed(self) -> None:
+        self.connections_open -= 1
+        self.connections_closed += 1
+        self._touch()
+
+    def _request(self, model: str) -> None:
+        self.requests[model] = self.requests.get(model, 0) + 1
+        self._touch()
 
 
 @attrs.frozen
 class RunningUpstream:
-    """Where a started upstream listens."""
+    """Where a started upstream listens; its live ``stats``, and the ``context`` its
+    plans share (``context.cookies_seen``, ``context.slot``, ...)."""
 
     host: str
     port: int
+    stats: UpstreamStats = attrs.field(factory=UpstreamStats, eq=False, repr=False)
+    context: Context = attrs.field(factory=Context, eq=False, repr=False)
 
     @property
     def base_url(self) -> str:
@@ -60,10 +112,13 @@ class _Upstream:
     key: str | None
     fragment: str
     context: Context
+    stats: UpstreamStats = attrs.Factory(UpstreamStats)
     started: int = attrs.Factory(lambda: int(time.time()))
 
     def plan(self, method: str, target: str, headers: Mapping[str, str], body: bytes) -> Plan:
         path = target.split("?", 1)[0].rstrip("/")
+        if "cookie" in headers:
+            self.context.cookies_seen.append(headers["cookie"])
         if self.key is not None and not _authorized(headers.get("authorization", ""), self.key):
             # Never echo what was sent: it may be someone's real key.
             return error_plan(401, "Incorrect API key provided.", "invalid_request_error",
@@ -83,6 +138,7 @@ class _Upstream:
                 request = parse_chat_request(body, headers)
             except RequestError as exc:
                 return error_plan(400, exc.message, "invalid_request_error", param=exc.param)
+            self.stats._request(request.model)
             return plan_chat(request, self.context)
         return error_plan(404, f"No route for {method} {path}.", "invalid_request_error")
 
@@ -91,6 +147,7 @@ class _Upstream:
 
     async def handle(self, stream: trio.SocketStream) -> None:
         connection = h11.Connection(h11.SERVER, max_incomplete_event_size=64 * 1024)
+        self.stats._opened()
         try:
             while True:
                 received = await _read_request(connection, stream)
@@ -115,39 +172,49 @@ class _Upstream:
         except (trio.BrokenResourceError, trio.ClosedResourceError, h11.LocalProtocolError):
             pass  # the client went away, or we already stopped this connection
         finally:
-            await trio.aclose_forcefully(stream)
+            try:
+                await trio.aclose_forcefully(stream)
+            finally:
+                self.stats._closed()
 
     async def _respond(self, connection: h11.Connection, stream: trio.SocketStream,
                        plan: Plan) -> bool:
         """Execute one plan.  False: the connection must be closed now."""
-        headers = [(k.encode(), v.encode()) for k, v in plan.headers]
+        headers = [(k.encode(), _latin1(v)) for k, v in plan.headers]
         headers.append((b"server", b"fanout-mock"))
+        if plan.gzip:
+            headers.append((b"content-encoding", b"gzip"))
         if plan.steps is None:
-            headers.append((b"content-length", str(len(plan.body)).encode()))
+            body = gzip.compress(plan.body, mtime=0) if plan.gzip else plan.body
+            headers.append((b"content-length", str(len(body)).encode()))
             await stream.send_all(
                 connection.send(h11.Response(status_code=plan.status, headers=headers))
-                + connection.send(h11.Data(data=plan.body))
+                + connection.send(h11.Data(data=body))
                 + connection.send(h11.EndOfMessage())
             )
             return True
-        fragmenter = Fragmenter(plan.fragment or self.fragment)
-        # Pauses are kept against a schedule, not slept one after another: a
-        # stream that fell behind (a loaded server) does not sleep, and in the
-        # coalescing mode it sends what is due in one write, as a real server's
-        # socket buffer would.  So the rate holds and no delay accumulates.
-        due = trio.current_time()
-        await stream.send_all(connection.send(h11.Response(status_code=plan.status,
-                                                           headers=headers)) or b"")
         try:
-            return await self._send_steps(connection, stream, plan.steps, fragmenter, due)
+            fragmenter = Fragmenter(plan.fragment or self.fragment)
+            writer = _Writer(connection, raw=plan.raw, compress=plan.gzip)
+            # Pauses are kept against a schedule, not slept one after another: a
+            # stream that fell behind (a loaded server) does not sleep, and in the
+            # coalescing mode it sends what is due in one write, as a real server's
+            # socket buffer would.  So the rate holds and no delay accumulates.
+            due = trio.current_time()
+            if not plan.raw:
+                await stream.send_all(connection.send(h11.Response(
+                    status_code=plan.status, headers=headers)) or b"")
+            return await self._send_steps(connection, stream, plan.steps, fragmenter, due,
+                                          writer)
         finally:
             close = getattr(plan.steps, "close", None)
             if close is not None:
                 close()  # a generator's cleanup runs now, even when the client left early
 
     async def _send_steps(self, connection: h11.Connection, stream: trio.SocketStream,
-                          steps: Iterable[Step], fragmenter: Fragmenter, due: float) -> bool:
-        held: list[bytes] = []  # coalesced body bytes, sent as one HTTP chunk
+                          steps: Iterable[Step], fragmenter: Fragmenter, due: float,
+                          writer: _Writer) -> bool:
+        held: list[bytes] = []  # coalesced body bytes, sent as one write
         held_size = 0
         for step in steps:
             if isinstance(step, Send):
@@ -160,7 +227,7 @@ class _Upstream:
                     held, held_size = [], 0
                 pieces = fragmenter.split(step.data)
                 for piece in pieces:
-                    await stream.send_all(connection.send(h11.Data(data=piece)) or b"")
+                    await stream.send_all(writer.data(piece))
                     if len(pieces) > 1:
                         await trio.sleep(0)  # let the peer read: separate writes, separate reads
                 continue
@@ -169,22 +236,89 @@ class _Upstream:
                 if due <= trio.current_time():
                     continue  # behind schedule: no sleep, keep coalescing
             if held:
-                await stream.send_all(connection.send(h11.Data(data=b"".join(held))) or b"")
+                await stream.send_all(writer.data(b"".join(held)))
                 held, held_size = [], 0
             if isinstance(step, Pause):
-                await trio.sleep_until(due)
+                if due - trio.current_time() < WATCH_PAUSES:
+                    await trio.sleep_until(due)  # a closed peer shows at the next writes
+                elif not await _sleep_until(connection, stream, due):
+                    return False  # the client went away meanwhile
             elif isinstance(step, Hang):
-                while await stream.receive_some(65536):
-                    pass  # until the client closes
+                await _sleep_until(connection, stream, math.inf)
                 return False
             elif isinstance(step, Abort):
                 if step.partial_chunk is not None:
-                    chunk = step.partial_chunk
-                    await stream.send_all(b"%x\r\n" % (2 * len(chunk)) + chunk)
+                    await stream.send_all(writer.partial(step.partial_chunk))
                 return False
-        tail = connection.send(h11.Data(data=b"".join(held))) if held else b""
-        await stream.send_all((tail or b"") + (connection.send(h11.EndOfMessage()) or b""))
+        if writer.raw:
+            if held:
+                await stream.send_all(writer.data(b"".join(held)))
+            return False  # a raw response has no end but the connection's
+        await stream.send_all(writer.end(b"".join(held)))
         return True
+
+
+class _Writer:
+    """Frames body bytes for the wire: HTTP chunks via h11 (or raw), gzipped if asked.
+
+    Each write is compressed with a sync flush, so a gzipped stream stays a
+    stream: the client can inflate every write as it arrives.
+    """
+
+    def __init__(self, connection: h11.Connection, *, raw: bool, compress: bool) -> None:
+        self.connection = connection
+        self.raw = raw
+        self._gzip = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS) if compress else None
+
+    def _frame(self, data: bytes) -> bytes:
+        if self.raw:
+            return data
+        return (self.connection.send(h11.Data(data=data)) or b"") if data else b""
+
+    def _compress(self, data: bytes, mode: int = zlib.Z_SYNC_FLUSH) -> bytes:
+        if self._gzip is None:
+            return data
+        return self._gzip.compress(data) + self._gzip.flush(mode)
+
+    def data(self, data: bytes) -> bytes:
+        return self._frame(self._compress(data))
+
+    def end(self, held: bytes) -> bytes:
+        """The last held bytes, the gzip trailer and the end of the body."""
+        tail = self._frame(self._compress(held, zlib.Z_FINISH) if self._gzip else held)
+        return tail + (self.connection.send(h11.EndOfMessage()) or b"")
+
+    def partial(self, chunk: bytes) -> bytes:
+        """An HTTP chunk that announces twice its length, and only these bytes of it."""
+        chunk = self._compress(chunk)
+        return chunk if self.raw else b"%x\r\n" % (2 * len(chunk)) + chunk
+
+
+async def _sleep_until(connection: h11.Connection, stream: trio.SocketStream,
+                       deadline: float) -> bool:
+    """Sleep until ``deadline`` while watching the socket.  False: the client went away.
+
+    Watching means a client that closes during a long pause (or a hang) is
+    noticed at once, not at the next write: its connection closes, and the
+    plan's steps are closed (slots and counts given back).  Bytes the client
+    sends meanwhile (a pipelined request) go to h11 for the next cycle.  A
+    client that half-closes (sends EOF but still reads) counts as gone.
+    """
+    while trio.current_time() < deadline:
+        with trio.move_on_at(deadline):
+            data = await stream.receive_some(65536)
+            if not data:
+                return False
+            connection.receive_data(data)
+    return True
+
+
+def _latin1(value: str) -> bytes:
+    """A header value as it came (request headers are decoded as latin-1), else UTF-8."""
+    try:
+        return value.encode("latin-1")
+    except UnicodeEncodeError:
+        return value.encode()
 
 
 def _authorized(header: str, key: str) -> bool:
@@ -246,14 +380,15 @@ async def serve_upstream(
     model's own).  ``fragment``: the default fragmenting mode.  ``captures``:
     directories whose captures are served as ``replay/<name>``.
     ``task_status.started`` receives the ``RunningUpstream`` (its port is the
-    bound one when ``port`` is 0).
+    bound one when ``port`` is 0; its ``stats`` count connections and requests
+    live).
     """
     Fragmenter(fragment)  # fail now on a bad mode, not on the first request
     upstream = _Upstream(key, fragment, Context(cadence=cadence,
                                                 captures=find_captures(captures)))
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound = listeners[0].socket.getsockname()
-    task_status.started(RunningUpstream(host, bound[1]))
+    task_status.started(RunningUpstream(host, bound[1], upstream.stats, upstream.context))
     await trio.serve_listeners(upstream.handle, listeners)
 
 

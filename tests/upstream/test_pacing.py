@@ -23,6 +23,9 @@ class SlowStream:
             await trio.sleep(self.stall)
         self.writes.append((trio.current_time(), data))
 
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        await trio.sleep_forever()  # the client never closes; the server watches while it waits
+
 
 def responding_connection() -> h11.Connection:
     connection = h11.Connection(h11.SERVER)

@@ -1,0 +1,166 @@
+"""Servers that never answer, never end, or answer in gzip: exactly what goes on the wire."""
+
+from __future__ import annotations
+
+import json
+import zlib
+
+import httpx
+import pytest
+import trio
+
+from fanout import Outcome, parse_stream
+from fanout.upstream import RunningUpstream
+from fanout.upstream.bomb import EVENT, MIB, gzip_bomb_size
+from fanout.upstream.models import DRIP_BODY, Context, plan_chat
+from fanout.upstream.plans import Pause, Send, parse_chat_request
+from tests.upstream.wire import TIMEOUT, RawConnection, chat, dechunk, payloads, raw_chat
+
+
+async def test_no_response_sends_nothing_and_keeps_the_socket(upstream: RunningUpstream) -> None:
+    with trio.fail_after(3):
+        raw = await raw_chat(upstream, "fault/no-response", wait=0.5)
+        assert (raw.data, raw.closed) == (b"", False)  # half a second of silence
+        await upstream.stats.wait_for(lambda s: s.connections_closed == 1)  # we left: it did too
+    assert upstream.stats.requests == {"fault/no-response": 1}
+
+
+async def test_no_response_through_httpx_is_a_read_timeout(upstream: RunningUpstream) -> None:
+    timeout = httpx.Timeout(connect=5, read=0.3, write=5, pool=5)
+    async with httpx.AsyncClient(base_url=upstream.base_url, timeout=timeout) as http:
+        with trio.fail_after(3), pytest.raises(httpx.ReadTimeout):
+            await chat(http, "fault/no-response")
+
+
+async def test_drip_headers_never_ends_the_head(upstream: RunningUpstream) -> None:
+    with trio.fail_after(3):
+        raw = await raw_chat(upstream, "fault/drip-headers:0.05", wait=0.5)
+    assert not raw.closed and raw.data.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert b"\r\n\r\n" not in raw.data
+    dripped = raw.data.removeprefix(b"HTTP/1.1 200 OK\r\n")
+    assert (b"x-fanout-drip: " + b"a" * 100).startswith(dripped)
+    assert 4 <= len(dripped) <= 11  # a byte every 50 ms for 0.5 s
+    assert all(len(data) == 1 for _, data in raw.reads[1:])
+    gaps = [b - a for (a, _), (b, _) in zip(raw.reads[1:], raw.reads[2:], strict=False)]
+    assert gaps and min(gaps) >= 0.03
+
+
+async def test_drip_body_is_one_byte_at_a_time_of_an_endless_event(
+        upstream: RunningUpstream) -> None:
+    with trio.fail_after(3):
+        connection = await RawConnection.start(upstream, "fault/drip-body:0.02")
+        await connection.read_until(b"\r\n\r\n")
+        with trio.move_on_after(0.5):
+            await connection.read_until(None)
+    head, _, _ = connection.data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ") and b"text/event-stream" in head
+    body = connection.body
+    assert not body.complete and all(len(c) == 1 for c in body.chunks)
+    assert len(body.chunks) >= 10 and not connection.closed
+    sent = body.body
+    assert sent == (DRIP_BODY + b"x" * 1000)[: len(sent)]
+    await connection.aclose()
+
+
+def test_drip_paces_every_byte() -> None:
+    request = parse_chat_request(b'{"model": "fault/drip-body:0.25", "stream": true, '
+                                 b'"messages": [{"role": "user"}]}', {})
+    steps = plan_chat(request, Context()).steps
+    assert steps is not None
+    first = [s for s, _ in zip(steps, range(200), strict=False)]
+    assert {s.seconds for s in first if isinstance(s, Pause)} == {0.25}
+    assert all(len(s.data) == 1 for s in first if isinstance(s, Send))
+
+
+async def test_gzip_ignores_identity_and_inflates_write_by_write(
+        upstream: RunningUpstream) -> None:
+    with trio.fail_after(3):
+        connection = await RawConnection.start(
+            upstream, "fault/gzip@event", headers={"accept-encoding": "identity"}, max_tokens=5)
+        await connection.read_until(b"\r\n0\r\n\r\n")
+    head = connection.data.partition(b"\r\n\r\n")[0].lower()
+    assert b"\r\ncontent-encoding: gzip\r\n" in head
+    body = connection.body
+    assert body.complete and body.body.startswith(b"\x1f\x8b")
+    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    pieces = [inflate.decompress(chunk) for chunk in body.chunks]
+    assert inflate.eof and inflate.unused_data == b""
+    # one write, one event: each chunk inflates to whole events at once (sync flushes)
+    assert all(p.endswith(b"\n\n") and p.count(b"\n\n") == 1 for p in pieces[:-1])
+    result = parse_stream(pieces)
+    assert result.outcome is Outcome.COMPLETED and len(result.text) > 5
+    await connection.aclose()
+
+
+async def test_gzip_through_httpx(client: httpx.AsyncClient) -> None:
+    reply = await chat(client, "fault/gzip", decoded=True, seed=2,
+                       headers={"accept-encoding": "identity"})
+    assert reply.headers["content-encoding"] == "gzip"
+    assert parse_stream(reply.reads).outcome is Outcome.COMPLETED
+    plain = await client.post("/chat/completions", json={
+        "model": "fault/gzip", "messages": [{"role": "user", "content": "hi"}]},
+        headers={"accept-encoding": "identity"})
+    assert plain.headers["content-encoding"] == "gzip"
+    assert plain.json()["object"] == "chat.completion"  # httpx inflated it
+
+
+async def test_gzip_bomb_is_small_on_the_wire_and_huge_inflated(
+        upstream: RunningUpstream) -> None:
+    mib = 64
+    async with httpx.AsyncClient(base_url=upstream.base_url, timeout=TIMEOUT) as http:
+        with trio.fail_after(10):
+            reply = await chat(http, f"fault/gzip-bomb:{mib}")
+    assert reply.headers["content-encoding"] == "gzip" and reply.error is None
+    wire = reply.body
+    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    inflated = 0
+    head = b""
+    for start in range(0, len(wire), 4096):  # inflated a bounded piece at a time
+        piece = inflate.decompress(wire[start:start + 4096], 4 * MIB)
+        while piece:
+            inflated += len(piece)
+            head = head or piece[: len(EVENT) * 2]
+            piece = inflate.decompress(inflate.unconsumed_tail, 4 * MIB)
+    assert inflate.eof and inflate.unused_data == b""  # one member; CRC and length right
+    assert inflated == mib * MIB == int(reply.headers["x-fanout-inflated-bytes"])
+    assert len(wire) == gzip_bomb_size(mib) and len(wire) * 500 < inflated
+    first, second = payloads(head)
+    assert first == second and first["choices"][0]["delta"]["content"].startswith("xxxx")
+    assert gzip_bomb_size(1024) < 3_000_000  # the default: a GiB from under 3 MB
+
+
+def test_gzip_bomb_default_size() -> None:
+    request = parse_chat_request(b'{"model": "fault/gzip-bomb", "stream": true, '
+                                 b'"messages": [{"role": "user"}]}', {})
+    plan = plan_chat(request, Context())
+    assert dict(plan.headers)["x-fanout-inflated-bytes"] == str(1024 * MIB)
+    assert plan.steps is not None
+    sent = sum(len(s.data) for s in plan.steps if isinstance(s, Send))
+    assert sent == gzip_bomb_size(1024) < 3_000_000
+
+
+async def test_endless_never_ends(upstream: RunningUpstream) -> None:
+    with trio.fail_after(3):
+        connection = await RawConnection.start(upstream, "fault/endless")
+        await connection.read_until(b"data: ", count=5_000)  # at cadence 0: quickly
+        assert not connection.closed
+        await connection.aclose()
+        await upstream.stats.wait_for(lambda s: s.connections_open == 0)
+    body = connection.body.body
+    assert b"[DONE]" not in body and b'"finish_reason":"' not in body
+    chunks = payloads(body)
+    assert all(len(c["choices"][0]["delta"]["content"]) <= 8 for c in chunks[1:])
+
+
+async def test_endless_at_a_cadence(client: httpx.AsyncClient) -> None:
+    reply = await chat(client, "fault/endless:0.02", limit=0.3)
+    count = reply.body.count(b"data: ")
+    assert 5 <= count <= 17 and reply.error is None
+    assert json.loads(reply.body.split(b"\n\n")[0][6:])["choices"][0]["delta"]["role"] == (
+        "assistant")
+
+
+def test_dechunk_helper() -> None:
+    assert dechunk(b"3\r\nabc\r\n0\r\n\r\n").complete
+    broken = dechunk(b"3\r\nabc\r\n8\r\nabcd")
+    assert (broken.chunks, broken.complete, broken.rest) == ((b"abc",), False, b"8\r\nabcd")
