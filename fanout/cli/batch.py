@@ -387,8 +387,9 @@ class _Session:
                 self.limits[model.name] = AdaptiveLimit(min(cap, global_cap))
                 self.queues[model.name] = deque()
             self.queues[model.name].append(unit)
-        # What the cuts need: per model, units in flight and a submitter to wake.
-        self._in_flight: Counter[str] = Counter()
+        # What redos need: units taken from a queue and not finished (a redo may come
+        # back from any of them), and each model's submitter, to wake.
+        self._pending = 0
         self._wake: dict[str, trio.Event] = {}
         self._submitted: dict[str, float] = {}  # key -> when its current attempt was sent
         self.redos: Counter[str] = Counter()  # key -> times redone after a cut, this run
@@ -398,7 +399,10 @@ class _Session:
         self.cut_level: int | None = None  # fewest streams running when one was cut
         self.still_cut = 0  # units cut again after MAX_REDOS redos
         self.excused: dict[str, int] = {}  # model -> its cuts, found its own (it fails alone)
-        self._usage_seen: set[str] = set()  # models that sent usage on a completed stream
+        # A relay that drops usage on a cut: see _is_cut.
+        self._usage_seen = False  # a completed stream of this endpoint had usage
+        self._usage_optional = False  # one completed without usage with nothing else running
+        self._suspects: dict[str, tuple[Work, float, int]] = {}  # key -> unit, sent, running
 
     async def run(self, endpoint: Endpoint | None) -> None:
         async with (
@@ -424,16 +428,17 @@ class _Session:
 
     async def _submit_model(self, fan: Fanout, name: str) -> None:
         """Submit the model's units in order, and the redos put back at the front,
-        until none is queued and none in flight could come back."""
+        until no queue holds a unit and none is pending (any could bring a redo back)."""
         queue, limit = self.queues[name], self.limits[name]
         while True:
             if not queue:
-                if not self._in_flight[name]:
+                if not self._pending and not any(self.queues.values()):
                     return
                 self._wake[name] = wake = trio.Event()
                 await wake.wait()
                 continue
             unit = queue.popleft()
+            self._pending += 1
             try:
                 await limit.wait_if_paused()
                 await limit.limiter.acquire_on_behalf_of(unit.key)
@@ -443,11 +448,19 @@ class _Session:
                     limit.limiter.release_on_behalf_of(unit.key)
                     raise
             except BaseException:
+                self._pending -= 1
                 queue.appendleft(unit)
                 raise
-            self._in_flight[name] += 1
             self._submitted[unit.key] = trio.current_time()
             await fan.submit(unit.request(self.config))
+
+    def _wake_submitters(self, name: str) -> None:
+        # The model's own (a redo, or one less pending); all of them once nothing is
+        # pending, so each sees whether it is finished.
+        for model in list(self._wake) if not self._pending else [name]:
+            wake = self._wake.pop(model, None)
+            if wake is not None:
+                wake.set()
 
     async def _consume(self, fan: Fanout) -> None:
         async for event in fan.events:
@@ -466,7 +479,7 @@ class _Session:
         self.endpoint.limiter.release_on_behalf_of(unit.key)
         limit = self.limits[name]
         limit.limiter.release_on_behalf_of(unit.key)
-        self._in_flight[name] -= 1
+        self._pending -= 1
         redo = self.redos[unit.key]
         if redo:
             self._redoing -= 1
@@ -474,11 +487,11 @@ class _Session:
         again = cut and redo < MAX_REDOS and not self.interrupted
         record = batch_record(unit, result, cut=again, redo=redo)
         self.writer.write(record)
+        sent = self._submitted.pop(unit.key)
         if again:
-            self._cut(unit, result)
+            self._cut(unit, sent, result.others_running + 1)
         else:
             del self.by_key[unit.key]
-            self._submitted.pop(unit.key, None)
             state = state_of(record)
             self.counts[state] += 1
             self.ran_per_model[name] += 1
@@ -490,43 +503,73 @@ class _Session:
                     self.endpoint.succeeded()
             elif result.status == 429:  # retries ran out on a 429: that is a signal too
                 limit.rate_limited_now(trio.current_time(), None)
-        wake = self._wake.pop(name, None)
-        if wake is not None:
-            wake.set()
+            if self._suspect(unit, result, sent):
+                self._suspects[unit.key] = (unit, sent, result.others_running + 1)
+        if result.outcome == Outcome.COMPLETED and result.usage is not None \
+                and not self._usage_seen:
+            self._usage_seen = True
+            self._redo_suspects()
+        self._wake_submitters(name)
 
     def _is_cut(self, unit: Work, result: StreamResult) -> bool:
         """Whether the server cut this stream because others ran: it ended truncated, or
-        completed with an empty answer, or (a relay that drops usage on a cut) completed
-        without the usage this model sent on other streams; and other streams were
-        running.  The same ending with nothing else running says the model fails that
-        way on its own: its endings stop counting as cuts (``excused``)."""
-        name = unit.model.name
-        if result.outcome == Outcome.COMPLETED and result.usage is not None:
-            self._usage_seen.add(name)
-        looks_cut = (result.outcome == Outcome.TRUNCATED
-                     or (result.outcome == Outcome.COMPLETED
-                         and ((Flag.EMPTY_ANSWER in result.flags
-                               and not self.options.accept_empty)
-                              or (result.usage is None and name in self._usage_seen))))
-        if not looks_cut or name in self.excused:
-            return False
-        if result.others_running > 0:
-            return True
-        self._excuse(name)
-        return False
+        completed with an empty answer, or completed without usage where the endpoint
+        sends usage (a relay that drops usage on a cut: LiteLLM's finish_reason "stop"
+        on llama.cpp's cut); and other streams were running.
 
-    def _excuse(self, name: str) -> None:
-        # The model failed the same way alone: its earlier "cuts" were its own doing.
+        The same ending with nothing else running says it happens on its own: a model
+        that truncates (or answers empty) alone stops counting as cut (``excused``), and
+        an endpoint that completes a stream without usage alone stops the usage rule.
+        """
+        name = unit.model.name
+        others = result.others_running
+        if result.outcome == Outcome.COMPLETED:
+            if Flag.EMPTY_ANSWER in result.flags and not self.options.accept_empty:
+                return self._looks_cut(name, others)
+            if result.usage is None and not self._usage_optional:
+                if not others:
+                    self._usage_optional = True
+                    self._suspects.clear()
+                return bool(others) and self._usage_seen
+            return False
+        return result.outcome == Outcome.TRUNCATED and self._looks_cut(name, others)
+
+    def _looks_cut(self, name: str, others: int) -> bool:
+        if name in self.excused:
+            return False
+        if others:
+            return True
+        # The model ended that way alone: its earlier "cuts" were its own doing.
         self.excused[name] = self.cut_by.pop(name, 0)
         if self.excused[name] and not self.cut_by:  # nothing else pointed at the server
             self.endpoint.reset()
+        return False
 
-    def _cut(self, unit: Work, result: StreamResult) -> None:
-        """Redo a unit the server cut, at the front of its model's queue, and tell the
-        endpoint's limit."""
-        running = result.others_running + 1
+    def _suspect(self, unit: Work, result: StreamResult, sent: float) -> bool:
+        # Completed without usage while others ran, before the endpoint showed it sends
+        # usage: a cut if it turns out to (then it is redone, see _redo_suspects).
+        return (result.outcome == Outcome.COMPLETED and result.usage is None
+                and result.others_running > 0 and not self._usage_seen
+                and not self._usage_optional and self.redos[unit.key] < MAX_REDOS
+                and not self.interrupted)
+
+    def _redo_suspects(self) -> None:
+        """Usage came: the streams that completed without it while others ran were cut
+        after all; they are redone (their records stay; the redo's record follows)."""
+        for key, (unit, sent, running) in self._suspects.items():
+            final = self.finals.pop(key)
+            self.counts[final.state] -= 1
+            self.ran_per_model[final.model] -= 1
+            self.by_key[key] = unit
+            self._cut(unit, sent, running)
+            self._wake_submitters(unit.model.name)
+        self._suspects.clear()
+
+    def _cut(self, unit: Work, sent: float, running: int) -> None:
+        """Redo a unit the server cut (sent at ``sent``, cut while ``running`` streams ran,
+        itself included), at the front of its model's queue; tell the endpoint's limit."""
         self.cut_level = running if self.cut_level is None else min(self.cut_level, running)
-        self.endpoint.cut(self._submitted.pop(unit.key), trio.current_time(), running)
+        self.endpoint.cut(sent, trio.current_time(), running)
         self.cut_by[unit.model.name] += 1
         self.redos[unit.key] += 1
         self.redone += 1

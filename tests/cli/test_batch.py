@@ -485,3 +485,40 @@ def test_requests_the_server_refuses_get_no_advice_to_run_again(tmp_path: Path,
         "number, not 'hot'.): running again sends it unchanged; fix the prompt, the params or "
         "the model"]
     assert latest(output)[work_key("bad", "fast", 0)]["status"] == 400
+
+
+# ---------------------------------------------------------------- a single-slot server
+
+@pytest.mark.parametrize("cut", ["clean", "broken", "relay"])
+def test_a_single_slot_server_still_completes_every_unit(tmp_path: Path, cut: str) -> None:
+    # Four model names, one server-wide slot: each new request cuts the stream that
+    # holds it ([DONE] without a finish reason; then broken framing; or a relay's
+    # empty "stop"). Lowering the concurrency and redoing the cut units completes them.
+    config = tmp_path / "slot.toml"
+    config.write_text('[endpoint]\nbase_url = "embedded"\n[deadlines]\nidle = 5\ntotal = 60\n'
+                      + "".join(f'[[models]]\nname = "m{i}"\nid = "slot/{cut}:0.005"\n'
+                                'params = { max_tokens = 10 }\n' for i in range(4)))
+    prompts = prompts_file(tmp_path, 10)
+    output = str(tmp_path / "results.jsonl")
+    status, out, err = batch(prompts, output, str(config), concurrency=4)
+    assert status == 0, err
+    final = latest(output)
+    assert len(final) == 40
+    assert all(r["outcome"] == "completed" and r["flags"] == [] and not r["cut"]
+               and r["usage"]["completion_tokens"] == 10 for r in final.values())
+    every = records(output)
+    redone = [r for r in every if r["cut"]]
+    assert redone and len(every) >= 40 + len(redone)  # each attempt is its own record
+    assert all(r["others_running"] > 0 for r in redone)
+    assert {r["outcome"] for r in redone} == ({"completed"} if cut == "relay" else {"truncated"})
+    if cut != "relay":
+        assert {r["reason"] for r in redone} == {
+            "[DONE] arrived but no choice had a finish reason (the server cut the stream)"}
+    assert max(r["redo"] for r in final.values()) >= 1
+    line = next(line for line in err.splitlines() if "while others ran" in line)
+    assert line == (f"fanout batch: the server cut {len(every) - 40} streams while others "
+                    "ran; they "
+                    "were redone at lower concurrency (4 → 1); set [concurrency] max = 1 for "
+                    "this endpoint (or --concurrency 1)")
+    assert "not completed" not in err
+    assert all(f" m{i} " in out for i in range(4))  # the summary

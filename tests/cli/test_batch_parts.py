@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
+from rich.console import Console
 from trio.testing import MockClock
 
+from fanout import ChoiceResult, Flag, Outcome, StreamResult, Usage
 from fanout.cli.batch import _Final, is_done, not_completed, plan_work
 from fanout.cli.prompts import PromptFileError, load_prompts
 from fanout.cli.ratelimit import AdaptiveLimit, EndpointLimit
@@ -417,3 +421,132 @@ def test_the_summary_counts_latest_outcomes_and_every_429() -> None:
     assert summary["ttft_p50"] == pytest.approx(0.3) and summary["ttft_p95"] == 0.4
     assert summary["tokens_in"] == 9 and summary["tokens_out"] == 21
     assert summary["rate_limited"] == 4 and summary["retry_wait"] == 3.5
+
+
+# ------------------------------------------------------- what counts as a cut
+
+class _Fan:
+    """What _Session._finished needs of a fan-out."""
+
+    def forget(self, key: str) -> None:
+        pass
+
+
+def _session(tmp_path: Path, *, accept_empty: bool = False, prompts: int = 4,
+             concurrency: int = 8) -> tuple[Any, list[Any]]:
+    from fanout.cli.batch import BatchOptions, _Session
+    tmp_path.mkdir(exist_ok=True)
+    lines = [json.dumps({"id": f"q{i}", "prompt": f"p{i}"}) for i in range(prompts)]
+    work = plan_work(load_prompts(write_lines(tmp_path / "p.jsonl", *lines)), CONFIG.models[:2],
+                     1, CONFIG)
+    writer = ResultsWriter(tmp_path / "r.jsonl", read_results(tmp_path / "r.jsonl"))
+    options = BatchOptions(prompts="p", output="r", concurrency=concurrency,
+                           accept_empty=accept_empty)
+    return _Session(CONFIG, options, work, writer, Console(file=io.StringIO())), work
+
+
+def _send(session: Any, unit: Any) -> None:
+    # What _submit_model does for one unit, without a fan-out.
+    session.queues[unit.model.name].remove(unit)
+    session._pending += 1
+    session.limits[unit.model.name].limiter.acquire_on_behalf_of_nowait(unit.key)
+    session.endpoint.limiter.acquire_on_behalf_of_nowait(unit.key)
+    session._submitted[unit.key] = trio.current_time()
+
+
+def _end(session: Any, unit: Any, outcome: Outcome, *, others: int, text: str = "hi",
+         usage: bool = True, flags: tuple[Flag, ...] = ()) -> dict[str, Any]:
+    choices = (ChoiceResult(0, text=text, finish_reason="stop"),)
+    result = StreamResult(outcome, choices=choices, flags=flags, stream=unit.key,
+                          usage=Usage(1, 2, 3) if usage else None, others_running=others)
+    written = session.writer.written
+    session._finished(_Fan(), result)
+    assert session.writer.written == written + 1  # every ending is a record
+    return records_of(session)[-1]
+
+
+def records_of(session: Any) -> list[dict[str, Any]]:
+    session.writer.sync()
+    return [json.loads(line) for line in session.writer.path.read_text().splitlines()]
+
+
+async def test_a_cut_while_others_ran_is_redone_first_and_lowers_the_endpoint(
+        tmp_path: Path) -> None:
+    session, work = _session(tmp_path)
+    a0, a1 = work[0], work[2]  # model a, prompts 0 and 1
+    for unit in work:
+        _send(session, unit)
+    await trio.sleep(0.01)
+    record = _end(session, a0, Outcome.TRUNCATED, others=7)
+    assert record["cut"] is True and record["redo"] == 0
+    assert session.queues["a"][0] is a0 and session.endpoint.limit == 4
+    record = _end(session, a1, Outcome.TRUNCATED, others=6)  # the same burst
+    assert record["cut"] is True and session.endpoint.limit == 4
+    assert list(session.queues["a"])[:2] == [a1, a0]
+    for unit in work[1:6:2]:  # b's first three complete: 3 in flight, room for a redo
+        assert _end(session, unit, Outcome.COMPLETED, others=4)["cut"] is False
+    _send(session, a0)
+    record = _end(session, a0, Outcome.COMPLETED, others=3)
+    assert (record["cut"], record["redo"], record["outcome"]) == (False, 1, "completed")
+    assert session.counts == {"completed": 4} and session.redone == 2
+    assert session.cut_lines() == [
+        "the server cut 2 streams while others ran; they were redone at lower concurrency "
+        "(8 → 4); set [concurrency] max = 4 for this endpoint (or --concurrency 4)"]
+
+
+async def test_a_unit_is_redone_at_most_max_redos_times(tmp_path: Path) -> None:
+    from fanout.cli.batch import MAX_REDOS
+    session, work = _session(tmp_path)
+    unit = work[0]
+    for n in range(MAX_REDOS + 1):
+        _send(session, unit)
+        record = _end(session, unit, Outcome.TRUNCATED, others=1)
+        assert record["cut"] is (n < MAX_REDOS) and record["redo"] == n
+    assert session.still_cut == 1 and session.finals[unit.key].state == "truncated"
+    assert session.cut_lines()[1] == f"1 stream was still cut after {MAX_REDOS} redos"
+
+
+async def test_the_same_ending_alone_means_it_was_no_cut(tmp_path: Path) -> None:
+    session, work = _session(tmp_path)
+    a0, a1, a2, b0 = work[0], work[2], work[4], work[1]
+    for unit in (a0, a1, a2, b0):
+        _send(session, unit)
+    assert _end(session, a0, Outcome.TRUNCATED, others=3)["cut"] is True
+    assert session.endpoint.limit == 2
+    assert _end(session, a1, Outcome.TRUNCATED, others=0)["cut"] is False  # alone: its own
+    assert session.endpoint.limit == 8  # a's was the only evidence: back to the maximum
+    _send(session, a0)
+    assert _end(session, a2, Outcome.TRUNCATED, others=2)["cut"] is False  # excused now
+    assert _end(session, b0, Outcome.TRUNCATED, others=1)["cut"] is True  # b is not
+    assert session.excused == {"a": 1}
+
+
+async def test_an_empty_answer_while_others_ran_is_a_cut_unless_accepted(
+        tmp_path: Path) -> None:
+    for accept, cut in ((False, True), (True, False)):
+        session, work = _session(tmp_path / str(accept), accept_empty=accept)
+        _send(session, work[0])
+        record = _end(session, work[0], Outcome.COMPLETED, others=2, text="",
+                      flags=(Flag.EMPTY_ANSWER,))
+        assert record["cut"] is cut
+
+
+async def test_a_relay_that_drops_usage_on_a_cut(tmp_path: Path) -> None:
+    session, work = _session(tmp_path)
+    first, second, third = work[0], work[1], work[2]
+    for unit in (first, second, third):
+        _send(session, unit)
+    # No usage yet on this endpoint: a suspect, counted completed for now.
+    assert _end(session, first, Outcome.COMPLETED, others=2, usage=False)["cut"] is False
+    assert session.counts == {"completed": 1} and not session.queues["a"].count(first)
+    # Usage comes on another stream: the suspect was cut after all, and is redone.
+    assert _end(session, second, Outcome.COMPLETED, others=1)["cut"] is False
+    assert session.queues["a"][0] is first and session.counts == {"completed": 1}
+    assert first.key not in session.finals and session.redone == 1
+    # From now on, no usage while others ran is a cut at once...
+    assert _end(session, third, Outcome.COMPLETED, others=1, usage=False)["cut"] is True
+    # ... until a stream completes without usage alone: this endpoint does that.
+    _send(session, first)
+    assert _end(session, first, Outcome.COMPLETED, others=0, usage=False)["cut"] is False
+    _send(session, third)
+    assert _end(session, third, Outcome.COMPLETED, others=3, usage=False)["cut"] is False

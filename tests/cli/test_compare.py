@@ -497,3 +497,26 @@ def test_the_reason_shows_on_a_real_terminal(config: str) -> None:
     assert ("\nfanout compare: flaky: truncated: the connection broke after 3 events without "
             "[DONE]: RemoteProtocolError: peer closed connection without sending complete "
             "message body (incomplete chunked read)\n") in text
+
+
+def test_a_single_slot_server_cuts_one_of_two_and_compare_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "slot.toml"
+    path.write_text('[endpoint]\nbase_url = "embedded"\n'
+                    + "".join(f'[[models]]\nname = "{name}"\nid = "slot/clean"\n'
+                              'params = { max_tokens = 10 }\n' for name in ("one", "two")))
+    status, _, err = compare(str(path))
+    assert status == 1
+    # Both ask at once; the second request takes the server's one slot from the first.
+    lines = err.splitlines()
+    assert len(lines) == 2
+    cut = lines[0].split(":")[1].strip()
+    assert cut in ("one", "two")
+    assert lines == [
+        f"fanout compare: {cut}: truncated: [DONE] arrived but no choice had a finish reason "
+        "(the server cut the stream)",
+        f"fanout compare: {cut}: the server cut this stream while 1 other stream ran: a "
+        "server like that (llama.cpp with one slot) serves one stream at a time; compare "
+        "fewer models at once, or set [concurrency] max = 1"]
+    path.write_text(path.read_text().replace('base_url = "embedded"\n',
+                                             'base_url = "embedded"\n[concurrency]\nmax = 1\n'))
+    assert compare(str(path))[0] == 0  # what it advised: one at a time
