@@ -132,6 +132,7 @@ def result_record(result: StreamResult) -> dict[str, Any]:
         "outcome": str(result.outcome),
         "reason": result.reason,
         "flags": [str(flag) for flag in result.flags],
+        "others_running": result.others_running,
         "content_key": result.content_key,
         "model": result.model,
         "response_id": result.response_id,

@@ -90,15 +90,14 @@ async def test_every_hostile_server_gives_an_outcome_with_its_reason(
         assert "\n" not in result.reason
     assert len(results["fault/validation-500"].attempts) == 1  # deterministic: not retried
     assert len(results["fault/400"].attempts) == 1
-    assert len(results["fault/empty-200"].attempts) == 3  # delivered nothing: retried
+    # delivered nothing while other streams ran: maybe a single-slot cut, left to the caller
+    assert len(results["fault/empty-200"].attempts) == 1
 
 
 async def test_retries_turn_content_less_answers_into_complete_ones(
         upstream: RunningUpstream) -> None:
-    models = ["fault/cut-before-content", "fault/done-only", "fault/503-then-ok"]
-    results = await run_fanout(endpoint(upstream), [req(m) for m in models], retry=FAST)
-    for model in models:
-        result = results[model]
+    for model in ["fault/cut-before-content", "fault/done-only", "fault/503-then-ok"]:
+        result = (await run_fanout(endpoint(upstream), [req(model)], retry=FAST))[model]
         assert result.outcome is Outcome.COMPLETED, (model, result.reason)
         assert [a.delivered_content for a in result.attempts] == [False, True], model
 

@@ -1,12 +1,16 @@
 """``fanout batch``: every prompt x model x sample through one endpoint, crash-safe.
 
 The work is every (prompt id, model, sample) of this shard.  What the results
-file already holds as ``completed`` (for the same request) is skipped; the
-rest runs through one fan-out: a global cap and one adaptive cap per model
-(halved on 429s, grown back on success), one submitter per model so models
-interleave, each result written and flushed as it finishes.  Exit status:
-0 when every unit of work is completed, 1 when some are not (run again to
-redo them), 2 for bad usage, 130 after Ctrl-C.
+file already holds as ``completed`` with an answer (for the same request) is
+skipped; the rest runs through one fan-out: an endpoint-wide adaptive cap
+(halved when the server cuts streams while others run, grown back on
+success), one adaptive cap per model (halved on 429s, grown back on
+success), one submitter per model so models interleave, each result written
+and flushed as it finishes.  A unit the server cut while others ran is
+redone in the same run, at the lower concurrency (at most ``MAX_REDOS``
+times).  Exit status: 0 when every unit of work is completed (an empty
+answer is not, unless ``--accept-empty``), 1 when some are not (stderr says
+whether running again can help), 2 for bad usage, 130 after Ctrl-C.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import datetime
 import sys
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
 from functools import partial
 from typing import Any, TextIO
@@ -35,20 +39,22 @@ from rich.progress import (
 from .._exceptions import ConfigError
 from ..config import Config, ModelConfig, load_config
 from ..core.events import StreamFinished, StreamRetrying
-from ..core.result import Outcome, StreamResult
+from ..core.result import Flag, Outcome, StreamResult
 from ..fanout import Fanout, open_fanout
 from ..request import Endpoint, RetryPolicy, StreamRequest, content_key
 from .common import interrupt_on_sigint, open_endpoint, text_console
 from .common import only as _only
 from .prompts import Prompt, PromptFileError, load_prompts
-from .ratelimit import AdaptiveLimit
+from .ratelimit import AdaptiveLimit, EndpointLimit
 from .records import result_record
+from .render import cut_line, inert
 from .report import model_summary, summary_table
 from .results import (
     ResultsWriter,
     iter_records,
     read_results,
     shard_of,
+    state_of,
     work_key,
 )
 
@@ -62,6 +68,10 @@ DEFAULT_CONCURRENCY = 32
 BATCH_RETRY = RetryPolicy(attempts=8, maximum=30.0, retry_after_spread=0.25)
 #: Seconds between progress lines when stderr is not a terminal.
 PLAIN_PROGRESS_EVERY = 10.0
+#: How many times one unit is redone in one run after the server cut it.
+MAX_REDOS = 4
+#: HTTP statuses that say the request itself is refused: a rerun sends it again, unchanged.
+FINAL_STATUSES = frozenset(range(400, 500)) - {408, 409, 429}
 
 
 @attrs.frozen
@@ -74,6 +84,7 @@ class BatchOptions:
     per_model_concurrency: int | None = None
     shard: tuple[int, int] | None = None
     config: str | None = None
+    accept_empty: bool = False  # an empty answer counts as done (as before flags existed)
 
 
 @attrs.frozen
@@ -115,8 +126,14 @@ def plan_work(prompts: Sequence[Prompt], models: Sequence[ModelConfig], samples:
     return work
 
 
-def batch_record(work: Work, result: StreamResult) -> dict[str, Any]:
-    """The results-file line of one finished unit of work."""
+def batch_record(work: Work, result: StreamResult, *, cut: bool = False,
+                 redo: int = 0) -> dict[str, Any]:
+    """The results-file line of one finished unit of work.
+
+    ``cut``: the server cut this stream while others ran, and it is redone
+    (a later record of the same key follows); ``redo``: how many times this
+    unit had been cut and redone in this run before this record.
+    """
     base = result_record(result)
     attempts = result.attempts
     rate_limited = sum(1 for a in attempts if a.status == 429)
@@ -128,6 +145,11 @@ def batch_record(work: Work, result: StreamResult) -> dict[str, Any]:
         "model": work.model.name,
         "sample": work.sample,
         "outcome": base["outcome"],
+        "reason": base["reason"],
+        "flags": base["flags"],
+        "cut": cut,
+        "redo": redo,
+        "others_running": result.others_running,
         "model_id": work.model.id,
         "content_key": work.content_key,
         "finished_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds"),
@@ -146,6 +168,11 @@ def batch_record(work: Work, result: StreamResult) -> dict[str, Any]:
         "response_id": base["response_id"],
         "metrics": base["metrics"],
     }
+
+
+def is_done(state: str | None, accept_empty: bool) -> bool:
+    """Whether a unit in ``state`` (``results.state_of``) needs no redo."""
+    return state == "completed" or (accept_empty and state == "empty")
 
 
 def run_batch(options: BatchOptions, *, stdout: TextIO | None = None,
@@ -185,7 +212,7 @@ def run_batch(options: BatchOptions, *, stdout: TextIO | None = None,
     todo, done, changed = [], 0, 0
     for unit in work:
         record = existing.latest.get(unit.key)
-        if record is not None and record.get("outcome") == "completed":
+        if record is not None and is_done(record.get("state"), options.accept_empty):
             if record.get("content_key") == unit.content_key:
                 done += 1
                 continue
@@ -228,16 +255,20 @@ def run_batch(options: BatchOptions, *, stdout: TextIO | None = None,
     elapsed = time.monotonic() - started
 
     counts = session.counts
-    ran = sum(counts.values())
+    ran = sum(counts.values()) + session.redone
     if ran:
-        parts = ", ".join(f"{n} {outcome}" for outcome, n in counts.most_common())
+        parts = [f"{n} {state}" for state, n in counts.most_common()]
+        if session.redone:
+            parts.append(f"{session.redone} cut and redone")
         print(f"fanout batch: this run: {ran} streams in {elapsed:.1f}s ({ran / elapsed:.1f}/s): "
-              f"{parts}", file=err)
+              f"{', '.join(parts)}", file=err)
     for name, limit in session.limits.items():
         if limit.rate_limited:
             print(f"fanout batch: {name}: {limit.rate_limited} 429s; concurrency went down to "
                   f"{limit.lowest} of {limit.maximum} and is {limit.limit} now; submissions "
                   f"paused {limit.paused:.1f}s", file=err)
+    for line in session.cut_lines():
+        print(f"fanout batch: {line}", file=err)
     # The whole file, as `fanout report` reads it: earlier runs and this one.
     console.print(summary_table(model_summary(iter_records(options.output))))
     if session.interrupted:
@@ -245,17 +276,87 @@ def run_batch(options: BatchOptions, *, stdout: TextIO | None = None,
               "run the same command again to finish", file=err)
         return EXIT_INTERRUPTED
 
-    def outcome(key: str) -> str | None:
-        if key in session.outcomes:
-            return session.outcomes[key]
-        return (existing.latest.get(key) or {}).get("outcome")
-
-    missing = [u for u in work if outcome(u.key) != "completed"]
-    if missing:
-        print(f"fanout batch: {len(missing)} of {len(work)} streams are not completed; run the "
-              "same command again to redo them", file=err)
+    finals: dict[str, _Final] = {}
+    for unit in work:
+        final = session.finals.get(unit.key)
+        if final is None:  # not run this time: as the file says
+            state = (existing.latest.get(unit.key) or {}).get("state")
+            final = _Final(unit.model.name, str(state), None, None)
+        if not is_done(final.state, options.accept_empty):
+            finals[unit.key] = final
+    if finals:
+        for line in not_completed(finals, len(work), session.ran_per_model,
+                                  accept_empty=options.accept_empty):
+            print(f"fanout batch: {line}", file=err)
         return 1
     return 0
+
+
+@attrs.frozen
+class _Final:
+    """How one unit ended in this run: enough to say whether a rerun can help."""
+
+    model: str
+    state: str
+    status: int | None
+    reason: str | None
+
+
+def not_completed(finals: dict[str, _Final], total: int, ran: Counter[str], *,
+                  accept_empty: bool) -> list[str]:
+    """What the end of a run says about the units that are not done (key -> how each
+    ended), ``ran``: how many units of each model ended in this run.
+
+    Running the same command again is advised only for what it can fix.  It
+    cannot fix a request the server refuses as sent (HTTP 4xx but 408, 409 and
+    429), nor a model that failed every one of its units this run the same way
+    (the same state and HTTP status, at least 2 of them): the next run would
+    send the same requests to the same model.  Anything else (a stream cut,
+    timed out, a 5xx, a failure some units of the model did not meet) may go
+    the other way next time.
+    """
+    lines = [f"{len(finals)} of {total} streams are not completed"]
+    by_model: dict[str, list[_Final]] = {}
+    for final in finals.values():
+        by_model.setdefault(final.model, []).append(final)
+    hopeless = 0
+    for model, failed in by_model.items():
+        refused = [f for f in failed if f.status in FINAL_STATUSES]
+        same = {(f.state, f.status) for f in failed}
+        example = next((f for f in failed if f.reason), failed[0])
+        why = f" ({cut_line(inert(example.reason), 160)})" if example.reason else ""
+        name = inert(model)
+        if len(failed) == ran[model] >= 2 and len(same) == 1:
+            hopeless += len(failed)
+            hint = ("; --accept-empty counts empty answers as done"
+                    if example.state == "empty" and not accept_empty else "")
+            lines.append(f"{name}: all {len(failed)} of its streams this run "
+                         f"{_ended(example.state)}{why}: running the same command again will "
+                         f"not help{hint}")
+        elif refused:
+            hopeless += len(refused)
+            statuses = sorted({f.status for f in refused if f.status is not None})
+            reason = refused[0].reason
+            why = f"HTTP {', '.join(map(str, statuses))}"
+            if reason:
+                reason = cut_line(inert(reason), 160)
+                why = f"{why}; e.g. {reason}" if len(statuses) > 1 else reason
+            lines.append(f"{name}: {len(refused)} request{'s' if len(refused) != 1 else ''} "
+                         f"refused as sent ({why}): running again sends "
+                         f"{'them' if len(refused) != 1 else 'it'} unchanged; fix the "
+                         "prompt, the params or the model")
+    rest = len(finals) - hopeless
+    if rest and not hopeless:
+        lines[0] += "; run the same command again to redo them"
+    elif rest:
+        lines.append(f"run the same command again to redo the other {rest}")
+    return lines
+
+
+def _ended(state: str) -> str:
+    return {"empty": "came back empty", "error": "failed", "timed_out": "timed out",
+            "truncated": "were truncated", "cancelled": "were cancelled"}.get(
+                state, f"ended {state}")
 
 
 class _Session:
@@ -266,22 +367,42 @@ class _Session:
         self.todo = todo
         self.writer = writer
         self.progress_console = progress_console
-        self.counts: Counter[str] = Counter()
-        self.outcomes: dict[str, str] = {}  # key -> outcome, of this run
+        self.counts: Counter[str] = Counter()  # final states of this run's units
+        self.finals: dict[str, _Final] = {}  # key -> how it ended, in this run
+        self.ran_per_model: Counter[str] = Counter()  # units that ended, per model
         self.interrupted = False
         self._submitting = trio.CancelScope()
         self._bar: tuple[Progress, TaskID, float] | None = None
         self.by_key = {unit.key: unit for unit in todo}
         global_cap = options.concurrency or config.max_concurrency or DEFAULT_CONCURRENCY
         self.global_cap = global_cap
-        self.slots = trio.CapacityLimiter(global_cap)
+        self.endpoint = EndpointLimit(global_cap)
         self.limits: dict[str, AdaptiveLimit] = {}
+        self.queues: dict[str, deque[Work]] = {}
         for unit in todo:
             model = unit.model
             if model.name not in self.limits:
                 cap = (options.per_model_concurrency or model.concurrency
                        or config.per_model_concurrency or global_cap)
                 self.limits[model.name] = AdaptiveLimit(min(cap, global_cap))
+                self.queues[model.name] = deque()
+            self.queues[model.name].append(unit)
+        # What redos need: units taken from a queue and not finished (a redo may come
+        # back from any of them), and each model's submitter, to wake.
+        self._pending = 0
+        self._wake: dict[str, trio.Event] = {}
+        self._submitted: dict[str, float] = {}  # key -> when its current attempt was sent
+        self.redos: Counter[str] = Counter()  # key -> times redone after a cut, this run
+        self.redone = 0  # records written for streams that were cut and redone
+        self._redoing = 0  # units waiting for or running their redo
+        self.cut_by: Counter[str] = Counter()  # model -> its cuts that were redone
+        self.cut_level: int | None = None  # fewest streams running when one was cut
+        self.still_cut = 0  # units cut again after MAX_REDOS redos
+        self.excused: dict[str, int] = {}  # model -> its cuts, found its own (it fails alone)
+        # A relay that drops usage on a cut: see _is_cut.
+        self._usage_seen = False  # a completed stream of this endpoint had usage
+        self._usage_optional = False  # one completed without usage with nothing else running
+        self._suspects: dict[str, tuple[Work, float, int]] = {}  # key -> unit, sent, running
 
     async def run(self, endpoint: Endpoint | None) -> None:
         async with (
@@ -299,25 +420,47 @@ class _Session:
             nursery.cancel_scope.cancel()
 
     async def _submit_all(self, fan: Fanout, scope: trio.CancelScope) -> None:
-        per_model: dict[str, list[Work]] = {}
-        for unit in self.todo:
-            per_model.setdefault(unit.model.name, []).append(unit)
         with scope:
             async with trio.open_nursery() as nursery:
-                for name, units in per_model.items():
-                    nursery.start_soon(self._submit_model, fan, self.limits[name], units)
+                for name in self.queues:
+                    nursery.start_soon(self._submit_model, fan, name)
         fan.seal()
 
-    async def _submit_model(self, fan: Fanout, limit: AdaptiveLimit, units: list[Work]) -> None:
-        for unit in units:
-            await limit.wait_if_paused()
-            await limit.limiter.acquire_on_behalf_of(unit.key)
+    async def _submit_model(self, fan: Fanout, name: str) -> None:
+        """Submit the model's units in order, and the redos put back at the front,
+        until no queue holds a unit and none is pending (any could bring a redo back)."""
+        queue, limit = self.queues[name], self.limits[name]
+        while True:
+            if not queue:
+                if not self._pending and not any(self.queues.values()):
+                    return
+                self._wake[name] = wake = trio.Event()
+                await wake.wait()
+                continue
+            unit = queue.popleft()
+            self._pending += 1
             try:
-                await self.slots.acquire_on_behalf_of(unit.key)
+                await limit.wait_if_paused()
+                await limit.limiter.acquire_on_behalf_of(unit.key)
+                try:
+                    await self.endpoint.limiter.acquire_on_behalf_of(unit.key)
+                except BaseException:
+                    limit.limiter.release_on_behalf_of(unit.key)
+                    raise
             except BaseException:
-                limit.limiter.release_on_behalf_of(unit.key)
+                self._pending -= 1
+                queue.appendleft(unit)
                 raise
+            self._submitted[unit.key] = trio.current_time()
             await fan.submit(unit.request(self.config))
+
+    def _wake_submitters(self, name: str) -> None:
+        # The model's own (a redo, or one less pending); all of them once nothing is
+        # pending, so each sees whether it is finished.
+        for model in list(self._wake) if not self._pending else [name]:
+            wake = self._wake.pop(model, None)
+            if wake is not None:
+                wake.set()
 
     async def _consume(self, fan: Fanout) -> None:
         async for event in fan.events:
@@ -330,19 +473,132 @@ class _Session:
                 self._finished(fan, event.result)
 
     def _finished(self, fan: Fanout, result: StreamResult) -> None:
-        unit = self.by_key.pop(result.stream)
-        record = batch_record(unit, result)
-        self.writer.write(record)
-        self.outcomes[unit.key] = record["outcome"]
-        self.counts[record["outcome"]] += 1
+        unit = self.by_key[result.stream]
+        name = unit.model.name
         fan.forget(result.stream)
-        self.slots.release_on_behalf_of(unit.key)
-        limit = self.limits[unit.model.name]
+        self.endpoint.limiter.release_on_behalf_of(unit.key)
+        limit = self.limits[name]
         limit.limiter.release_on_behalf_of(unit.key)
+        self._pending -= 1
+        redo = self.redos[unit.key]
+        if redo:
+            self._redoing -= 1
+        cut = self._is_cut(unit, result)
+        again = cut and redo < MAX_REDOS and not self.interrupted
+        record = batch_record(unit, result, cut=again, redo=redo)
+        self.writer.write(record)
+        sent = self._submitted.pop(unit.key)
+        if again:
+            self._cut(unit, sent, result.others_running + 1)
+        else:
+            del self.by_key[unit.key]
+            state = state_of(record)
+            self.counts[state] += 1
+            self.ran_per_model[name] += 1
+            self.still_cut += cut
+            self.finals[unit.key] = _Final(name, state, result.status, result.reason)
+            if is_done(state, self.options.accept_empty):
+                limit.succeeded()
+                if not self._redoing:  # a slot back never lands on a redo's head
+                    self.endpoint.succeeded()
+            elif result.status == 429:  # retries ran out on a 429: that is a signal too
+                limit.rate_limited_now(trio.current_time(), None)
+            if self._suspect(unit, result, sent):
+                self._suspects[unit.key] = (unit, sent, result.others_running + 1)
+        if result.outcome == Outcome.COMPLETED and result.usage is not None \
+                and not self._usage_seen:
+            self._usage_seen = True
+            self._redo_suspects()
+        self._wake_submitters(name)
+
+    def _is_cut(self, unit: Work, result: StreamResult) -> bool:
+        """Whether the server cut this stream because others ran: it ended truncated, or
+        completed with an empty answer, or completed without usage where the endpoint
+        sends usage (a relay that drops usage on a cut: LiteLLM's finish_reason "stop"
+        on llama.cpp's cut); and other streams were running.
+
+        The same ending with nothing else running says it happens on its own: a model
+        that truncates (or answers empty) alone stops counting as cut (``excused``), and
+        an endpoint that completes a stream without usage alone stops the usage rule.
+        """
+        name = unit.model.name
+        others = result.others_running
         if result.outcome == Outcome.COMPLETED:
-            limit.succeeded()
-        elif result.status == 429:  # retries ran out on a 429: that is a signal too
-            limit.rate_limited_now(trio.current_time(), None)
+            if Flag.EMPTY_ANSWER in result.flags and not self.options.accept_empty:
+                return self._looks_cut(name, others)
+            if result.usage is None and not self._usage_optional:
+                if not others:
+                    self._usage_optional = True
+                    self._suspects.clear()
+                return bool(others) and self._usage_seen
+            return False
+        return result.outcome == Outcome.TRUNCATED and self._looks_cut(name, others)
+
+    def _looks_cut(self, name: str, others: int) -> bool:
+        if name in self.excused:
+            return False
+        if others:
+            return True
+        # The model ended that way alone: its earlier "cuts" were its own doing.
+        self.excused[name] = self.cut_by.pop(name, 0)
+        if self.excused[name] and not self.cut_by:  # nothing else pointed at the server
+            self.endpoint.reset()
+        return False
+
+    def _suspect(self, unit: Work, result: StreamResult, sent: float) -> bool:
+        # Completed without usage while others ran, before the endpoint showed it sends
+        # usage: a cut if it turns out to (then it is redone, see _redo_suspects).
+        return (result.outcome == Outcome.COMPLETED and result.usage is None
+                and result.others_running > 0 and not self._usage_seen
+                and not self._usage_optional and self.redos[unit.key] < MAX_REDOS
+                and not self.interrupted)
+
+    def _redo_suspects(self) -> None:
+        """Usage came: the streams that completed without it while others ran were cut
+        after all; they are redone (their records stay; the redo's record follows)."""
+        for key, (unit, sent, running) in self._suspects.items():
+            final = self.finals.pop(key)
+            self.counts[final.state] -= 1
+            self.ran_per_model[final.model] -= 1
+            self.by_key[key] = unit
+            self._cut(unit, sent, running)
+            self._wake_submitters(unit.model.name)
+        self._suspects.clear()
+
+    def _cut(self, unit: Work, sent: float, running: int) -> None:
+        """Redo a unit the server cut (sent at ``sent``, cut while ``running`` streams ran,
+        itself included), at the front of its model's queue; tell the endpoint's limit."""
+        self.cut_level = running if self.cut_level is None else min(self.cut_level, running)
+        self.endpoint.cut(sent, trio.current_time(), running)
+        self.cut_by[unit.model.name] += 1
+        self.redos[unit.key] += 1
+        self.redone += 1
+        self._redoing += 1
+        self.queues[unit.model.name].appendleft(unit)
+
+    def cut_lines(self) -> list[str]:
+        """What the end of the run says about cuts: what happened, what to set."""
+        lines = []
+        cuts = sum(self.cut_by.values())
+        if cuts:
+            lowest = self.endpoint.lowest
+            lines.append(
+                f"the server cut {cuts} stream{'s' if cuts != 1 else ''} while others ran; "
+                f"{'they were' if cuts != 1 else 'it was'} redone at lower concurrency "
+                f"({self.endpoint.maximum} → {lowest}); set [concurrency] max = {lowest} "
+                "for this endpoint" + (f" (or --concurrency {lowest})"
+                                       if self.options.concurrency else ""))
+            if self.still_cut:
+                lines.append(f"{self.still_cut} stream{'s were' if self.still_cut != 1 else ' was'}"
+                             f" still cut after {MAX_REDOS} redos")
+        for name, count in self.excused.items():
+            if count:
+                lines.append(f"{inert(name)}: {count} of its streams that ended while others "
+                             "ran were redone; it ends that way alone too, so it was not the "
+                             "server cutting them" + (
+                                 f"; concurrency is back to {self.endpoint.limit}"
+                                 if not cuts else ""))
+        return lines
 
     def _interrupt(self, fan: Fanout) -> None:
         # Ctrl-C: stop submitting, cancel what runs (recorded as cancelled with its
@@ -385,7 +641,10 @@ class _Session:
         bar.refresh()
 
     def _outcomes(self) -> str:
-        return " ".join(f"{outcome} {n}" for outcome, n in sorted(self.counts.items()))
+        parts = [f"{state} {n}" for state, n in sorted(self.counts.items())]
+        if self.redone:
+            parts.append(f"cut {self.redone}")
+        return " ".join(parts)
 
     def _line(self, total: int, elapsed: float) -> str:
         done = sum(self.counts.values())

@@ -1,9 +1,11 @@
 """``fanout compare``: one prompt, several models, their answers side by side as they stream.
 
 Three outputs: the live view (a terminal), labelled blocks and a summary
-(anything else), JSON Lines (``--json``).  Exit status: 0 when every stream
-completed, 1 when one did not (one line per stream on stderr says why), 2 for
-bad usage or config, 130 after Ctrl-C.
+(anything else), JSON Lines (``--json``).  Every stream that did not complete
+shows its one-line reason; a completed one shows its flags.  Exit status: 0
+when every stream completed and none with an empty answer, 1 otherwise (one
+line per stream on stderr says why), 2 for bad usage or config, 130 after
+Ctrl-C.
 """
 
 from __future__ import annotations
@@ -26,13 +28,13 @@ from rich.text import Text
 from .._exceptions import ConfigError
 from ..config import Config, ModelConfig, load_config
 from ..core.events import Event
-from ..core.result import Outcome
+from ..core.result import Flag, Outcome
 from ..fanout import Fanout, open_fanout
 from ..request import Endpoint, StreamRequest
 from .common import interrupt_on_sigint, open_endpoint, text_console
 from .common import only as _only
 from .records import event_record
-from .render import Column, CompareView, _cut, inert, summary_table
+from .render import Column, CompareView, cut_advice, cut_line, inert, summary_table
 
 __all__ = ["CompareOptions", "read_prompt", "run_compare"]
 
@@ -96,7 +98,7 @@ def run_compare(options: CompareOptions, *, console: Console | None = None,
         messages.append({"role": "system", "content": options.system})
     messages.append({"role": "user", "content": options.prompt})
     if console is None:
-        console = text_console(out)
+        console = text_console(out, wide=True)  # off a terminal: the summary is never folded
     session = _Session(config, models, messages, options, console, out)
     try:
         trio.run(session.run, endpoint)
@@ -109,14 +111,38 @@ def run_compare(options: CompareOptions, *, console: Console | None = None,
         raise
     if session.interrupted:
         return EXIT_INTERRUPTED
-    failed = [c for c in session.columns if c.result is None
-              or c.result.outcome != Outcome.COMPLETED]
-    for column in failed:
-        reason = column.status
-        if column.error:
-            reason += f": {_cut(inert(column.error), 200)}"
-        print(f"fanout compare: {column.key}: {reason}", file=err)
+    failed = False
+    for line in problems(session.columns):
+        print(f"fanout compare: {line}", file=err)
+        failed = True
     return 1 if failed else 0
+
+
+def problems(columns: Sequence[Column]) -> list[str]:
+    """One line per stream that did not complete (its status and reason), per empty
+    answer, and per stream the server cut while others ran (what to do about it).
+    Any line but the cut advice of a completed stream fails the run; a cut always
+    comes with one of the others."""
+    lines = []
+    for column in columns:
+        key, result = inert(column.key), column.result
+        if result is None:  # pragma: no cover (every stream ends with a result)
+            lines.append(f"{key}: no result")
+            continue
+        if result.outcome != Outcome.COMPLETED:
+            reason = result.reason or column.error or ""
+            lines.append(f"{key}: {column.status}"
+                         + (f": {cut_line(inert(reason), 300)}" if reason else ""))
+        elif Flag.EMPTY_ANSWER in result.flags:
+            finish = ",".join(r or "none" for r in column.finish_reasons()) or "none"
+            lines.append(f"{key}: completed (finish {cut_line(inert(finish), 60)}), but the "
+                         "answer is empty: no text, reasoning, refusal or tool call")
+        else:
+            continue
+        if column.cut_while_others_ran:
+            advice = cut_advice(column.cut_while_others_ran, column.cut_kind)
+            lines.append(f"{key}: {advice}")
+    return lines
 
 
 class _Session:
@@ -139,7 +165,8 @@ class _Session:
                                       deadlines=self.config.deadlines_for(m))
                         for m in self.models]
             now = trio.current_time()
-            self.columns = [Column(m.name, m.id, started=now) for m in self.models]
+            self.columns = [Column(m.name, m.id, started=now, expected_choices=_choices(m))
+                            for m in self.models]
             self.by_key = {c.key: c for c in self.columns}
             async with open_fanout(
                     resolved, requests, max_concurrency=self.config.max_concurrency,
@@ -214,6 +241,11 @@ class _Session:
         if self.interrupted:
             console.print(Text("interrupted: every stream was cancelled; what arrived is "
                                "shown above", style="bold yellow"))
+
+
+def _choices(model: ModelConfig) -> int:
+    n = model.params.get("n", 1)
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
 
 
 def _silence_stdout() -> None:

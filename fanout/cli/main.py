@@ -32,7 +32,8 @@ def _parser() -> argparse.ArgumentParser:
         "compare", help="one prompt, several models, side by side as they stream",
         description="Send one prompt to several models at once through one endpoint and "
                     "watch their answers stream side by side. Exit status: 0 when every "
-                    "stream completed, 1 otherwise, 2 for bad usage, 130 after Ctrl-C.")
+                    "stream completed with an answer, 1 otherwise (stderr says why, per "
+                    "stream), 2 for bad usage, 130 after Ctrl-C.")
     compare.add_argument("prompt", metavar="PROMPT",
                          help="the prompt; - reads standard input, @FILE reads a file")
     compare.add_argument("-m", "--model", dest="models", action="append", default=[],
@@ -51,7 +52,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Run every prompt of PROMPTS.jsonl against every model (or each -m), "
                     "K samples each, writing one JSON line per finished stream to RESULTS. "
                     "Running the same command again skips what completed and redoes the "
-                    "rest. Exit status: 0 when everything completed, 1 otherwise, 2 for bad "
+                    "rest. Streams the server cut while others ran are redone at once, at "
+                    "lower concurrency. Exit status: 0 when everything completed (an empty "
+                    "answer does not count, unless --accept-empty), 1 otherwise, 2 for bad "
                     "usage or input, 130 after Ctrl-C.")
     batch.add_argument("prompts", metavar="PROMPTS.jsonl",
                        help='one JSON object a line: {"id": ..., "prompt": "..."} or '
@@ -69,6 +72,9 @@ def _parser() -> argparse.ArgumentParser:
                             "raised back)")
     batch.add_argument("--shard", metavar="I/N",
                        help="run only shard I of N (0-based; a hash of each stream's key)")
+    batch.add_argument("--accept-empty", action="store_true",
+                       help="count a completed stream with an empty answer as done (by "
+                            "default it is counted apart as empty, and redone on resume)")
     batch.add_argument("--config", metavar="FILE", help="config file (as for compare)")
 
     report = commands.add_parser(
@@ -169,7 +175,8 @@ def _batch(args: argparse.Namespace) -> int:
     return run_batch(BatchOptions(
         prompts=args.prompts, output=args.output, models=tuple(args.models),
         samples=args.samples, concurrency=args.concurrency,
-        per_model_concurrency=args.per_model_concurrency, shard=shard, config=args.config))
+        per_model_concurrency=args.per_model_concurrency, shard=shard, config=args.config,
+        accept_empty=args.accept_empty))
 
 
 async def _stop_on_sigterm(scope: trio.CancelScope) -> None:

@@ -1,10 +1,21 @@
-"""Per-model concurrency that adapts to rate limits under one shared key.
+"""Concurrency that adapts: per model to rate limits under one shared key, and
+per endpoint to a server that cuts streams when others arrive.
 
 Additive increase, multiplicative decrease (TCP's answer to the same
-question): a 429 halves the model's concurrency (once per ``cooldown``, so
-one burst of 429s is one signal, not ten), each ``limit`` completed streams
-add one slot back, up to the cap.  A 429's wait (its Retry-After, or the
-backoff) also pauses new submissions for that model.
+question).  ``AdaptiveLimit``, one per model: a 429 halves the model's
+concurrency (once per ``cooldown``, so one burst of 429s is one signal, not
+ten), each ``limit`` completed streams add one slot back, up to the cap.  A
+429's wait (its Retry-After, or the backoff) also pauses new submissions for
+that model.
+
+``EndpointLimit``, one for the whole endpoint: a server with one generation
+slot (llama.cpp) cuts the stream it is serving when another request
+arrives, whatever model name the request uses, so the signal belongs to the
+endpoint.  A cut halves the endpoint's concurrency, at most once per
+generation (only a stream submitted after the last decrease can lower it
+again: the streams already in flight when it came down are the same burst);
+after a cut, giving a slot back takes more successes each time (a probe that
+is cut again doubles the wait for the next one).
 """
 
 from __future__ import annotations
@@ -13,7 +24,7 @@ import math
 
 import trio
 
-__all__ = ["AdaptiveLimit"]
+__all__ = ["AdaptiveLimit", "EndpointLimit"]
 
 
 class AdaptiveLimit:
@@ -72,3 +83,65 @@ class AdaptiveLimit:
                 return
             await trio.sleep_until(until)
             self.paused += trio.current_time() - now
+
+
+class EndpointLimit:
+    """The endpoint's concurrency: ``limiter`` is what every submission acquires.
+
+    ``cut(started, now, running)``: a stream submitted at ``started`` was cut at
+    ``now`` while ``running`` streams ran (itself included).  ``succeeded()``:
+    a stream completed.  ``reset()``: the cuts were not the server's doing after
+    all; back to the maximum.
+    """
+
+    def __init__(self, maximum: int, *, probe: int = 8) -> None:
+        if maximum < 1 or probe < 1:
+            raise ValueError(f"need maximum >= 1 and probe >= 1, not {maximum}, {probe}")
+        self.maximum = maximum
+        self.limiter = trio.CapacityLimiter(maximum)
+        self.lowest = maximum
+        self.cuts = 0  # cut signals seen
+        self.decreases = 0
+        self._first_probe = probe
+        self._probe = 0  # successes in a row a slot back takes, at least (after a cut)
+        self._last_decrease = -math.inf
+        self._successes = 0
+
+    @property
+    def limit(self) -> int:
+        return int(self.limiter.total_tokens)
+
+    def _set(self, limit: int) -> None:
+        self.limiter.total_tokens = limit  # lowering it never takes a slot back early
+        self.lowest = min(self.lowest, limit)
+
+    def cut(self, started: float, now: float, running: int) -> bool:
+        """A cut; returns whether it lowered the limit (a new generation's cut)."""
+        self.cuts += 1
+        self._successes = 0
+        if started < self._last_decrease:
+            return False  # in flight before the last decrease: the same burst
+        self._last_decrease = now
+        self._probe = self._probe * 2 if self._probe else self._first_probe
+        lower = max(1, min(self.limit, running) // 2)
+        if lower >= self.limit:
+            return False
+        self.decreases += 1
+        self._set(lower)
+        return True
+
+    def succeeded(self) -> None:
+        """A stream completed: one more slot after enough of them in a row."""
+        if self.limit >= self.maximum:
+            return
+        self._successes += 1
+        if self._successes >= max(self.limit, self._probe):
+            self._successes = 0
+            self._set(self.limit + 1)
+
+    def reset(self) -> None:
+        """Forget the cuts: the maximum again, no probing (``lowest`` stays as it was)."""
+        self._probe = 0
+        self._successes = 0
+        self._last_decrease = -math.inf
+        self.limiter.total_tokens = self.maximum

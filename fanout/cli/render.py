@@ -33,11 +33,11 @@ from ..core.events import (
     ToolCallDelta,
     UsageReported,
 )
-from ..core.result import Outcome, StreamResult
+from ..core.result import Flag, Outcome, StreamResult
 from .common import format_seconds
 from .records import tokens_per_second
 
-__all__ = ["Column", "CompareView", "inert"]
+__all__ = ["Column", "CompareView", "cut_advice", "cut_line", "inert"]
 
 # Escape sequences: CSI, OSC (ended by BEL or ST), DCS/SOS/PM/APC strings, two-byte ESC x,
 # and the 8-bit CSI.  Removed whole, so no parameter residue is left behind.
@@ -82,6 +82,20 @@ FINISH_STYLES = {
     "length": "bold black on yellow",
     "content_filter": "bold white on red",
 }
+#: How a flag reads on a completed column ("⚠ " before it); unfinished_choice and
+#: missing_choices and skipped_frames are spelled out with their numbers.
+FLAG_LABELS = {
+    Flag.EMPTY_ANSWER: "empty answer",
+    Flag.UNFINISHED_CHOICE: "a choice unfinished",
+    Flag.MISSING_CHOICES: "fewer choices than asked",
+    Flag.MISSING_USAGE: "no usage",
+    Flag.NO_FINISH_REASON: "no finish reason",
+    Flag.NOT_STREAMED: "not streamed",
+    Flag.SKIPPED_FRAMES: "frames skipped",
+}
+#: Flags that are only informational: shown, but quietly.
+QUIET_FLAGS = frozenset({Flag.MISSING_USAGE})
+NOTE_STYLES = {"reason": "bold red", "flag": "bold yellow", "quiet": "dim", "cut": "yellow"}
 _FINAL_STATUS = {
     Outcome.COMPLETED: "done",
     Outcome.TRUNCATED: "truncated",
@@ -125,6 +139,7 @@ class Column:
     error: str | None = None
     choices: dict[int, _Choice] = attrs.Factory(dict)
     result: StreamResult | None = None
+    expected_choices: int = 1  # the request's n
 
     def slot_taken(self) -> None:
         """The stream got its concurrency slot: it is connecting, no longer queued."""
@@ -198,6 +213,72 @@ class Column:
     def done(self) -> bool:
         return self.result is not None
 
+    @property
+    def cut_while_others_ran(self) -> int:
+        """How many other streams ran when the server cut this one (0: not a cut).
+
+        A cut: the stream ended ``truncated``, or ``completed`` with an empty
+        answer (what a relay makes of a cut), while other streams of the same
+        fan-out held a slot: what a server that serves one stream at a time
+        (llama.cpp's single slot) does to the stream it was serving.
+        """
+        result = self.result
+        if result is None or result.others_running <= 0:
+            return 0
+        if result.outcome == Outcome.TRUNCATED or (
+                result.outcome == Outcome.COMPLETED and Flag.EMPTY_ANSWER in result.flags):
+            return result.others_running
+        return 0
+
+    @property
+    def cut_kind(self) -> str:
+        """How a cut stream ended: ``cut`` when that says the server cut it (``[DONE]``
+        without a finish reason: llama.cpp's cut), ``empty`` (a completed empty answer:
+        what a relay makes of a cut, or a model that answered nothing), ``broke`` (any
+        other truncation)."""
+        result = self.result
+        if result is not None and result.outcome == Outcome.COMPLETED:
+            return "empty"
+        if result is not None and (result.reason or "").startswith("[DONE]"):
+            return "cut"
+        return "broke"
+
+    def notes(self) -> list[tuple[str, str]]:
+        """What a finished column says beyond its status: ``(text, kind)`` pairs, kind
+        one of ``reason`` (why it did not complete), ``flag``, ``quiet`` (informational
+        flags) and ``cut``.  Server text is made inert here."""
+        result = self.result
+        if result is None:
+            return []
+        notes: list[tuple[str, str]] = []
+        if result.outcome != Outcome.COMPLETED:
+            reason = result.reason or (self.error and inert(self.error)) or self.status
+            notes.append((" ".join(inert(reason).split()), "reason"))
+        for flag in result.flags:
+            notes.append((self._flag_label(flag, result), "quiet" if flag in QUIET_FLAGS
+                          else "flag"))
+        others = self.cut_while_others_ran
+        if others:
+            streams = f"{others} other stream{'s' if others != 1 else ''}"
+            notes.append(({"cut": f"cut while {streams} ran", "empty": f"{streams} ran",
+                           "broke": f"broke off while {streams} ran"}[self.cut_kind], "cut"))
+        return notes
+
+    def _flag_label(self, flag: Flag, result: StreamResult) -> str:
+        if flag == Flag.UNFINISHED_CHOICE:
+            unfinished = [str(c.index) for c in result.choices if c.finish_reason is None]
+            if unfinished:
+                return (f"⚠ choice{'s' if len(unfinished) > 1 else ''} "
+                        f"{', '.join(unfinished)} unfinished")
+        elif flag == Flag.MISSING_CHOICES:
+            return f"⚠ {len(result.choices)} of {self.expected_choices} choices"
+        elif flag == Flag.SKIPPED_FRAMES:
+            count = result.skipped_frames
+            return f"⚠ {count} frame{'s' if count != 1 else ''} skipped"
+        elif flag in QUIET_FLAGS:
+            return FLAG_LABELS.get(flag, str(flag))
+        return f"⚠ {FLAG_LABELS.get(flag, str(flag).replace('_', ' '))}"
+
     def finish_reasons(self) -> list[str | None]:
         return [self.choices[i].finish_reason for i in sorted(self.choices)]
 
@@ -234,8 +315,9 @@ class CompareView:
 
     def live(self, console: Console, now: float) -> RenderableType:
         rows = self._rows(console)
-        # Per row: top border, header (3 lines), header rule, bottom border.
-        spare = console.height - 1 - len(rows) * 6
+        # Per row: top border, header (3 lines, 4 with a note), header rule, bottom border.
+        spare = console.height - 1 - sum(
+            6 + any(column.notes() for column in row) for row in rows)
         body_lines = max(3, spare // max(len(rows), 1))
         tables = [self._table(row, console, now, body_lines) for row in rows]
         return Group(*tables, self.footer(now))
@@ -272,7 +354,7 @@ class CompareView:
                 continue
             width = max(inner, 1)
             seen = (column.chunks, column.status, column.error, column.retries,
-                    tuple(column.finish_reasons()), width, body_lines)
+                    tuple(column.finish_reasons()), column.done, width, body_lines)
             cached = self._tails.get(column.key)
             if cached is None or cached[0] != seen:
                 cached = self._tails[column.key] = (
@@ -312,6 +394,11 @@ class CompareView:
         header.append(f" · {'≈' if estimated and rate is not None else ''}"
                       f"{'-' if rate is None else f'{rate:.0f}'} tok/s")
         header.append(f" · {column.elapsed(now):.1f}s")
+        notes = column.notes()
+        for i, (note, kind) in enumerate(notes):
+            # One line: the table cuts it to the column's width (no_wrap, ellipsis).
+            header.append(" · " if i or one_line else "\n")
+            header.append(note, NOTE_STYLES[kind])
         return header
 
     def body(self, column: Column) -> Text:
@@ -336,11 +423,31 @@ class CompareView:
                                            or column.done))
             if many and index != max(column.choices):
                 body.append("\n")
-        if column.error and column.result is not None and column.result.outcome != "completed":
-            body.append(f"\n{_cut(inert(column.error), 300)}", "red")
+        others = column.cut_while_others_ran
+        if others:
+            if body:
+                body.append("\n")
+            body.append(cut_advice(others, column.cut_kind), NOTE_STYLES["cut"])
         elif column.status == "retrying" and column.error:
-            body.append(f"retrying: {_cut(inert(column.error), 200)}", "yellow")
+            body.append(f"retrying: {cut_line(inert(column.error), 200)}", "yellow")
         return body
+
+
+def cut_advice(others: int, how: str) -> str:
+    """What to do about a stream that ended ``how`` (``Column.cut_kind``) while
+    ``others`` other streams ran."""
+    streams = f"{others} other stream{'s' if others != 1 else ''}"
+    fix = "compare fewer models at once, or set [concurrency] max = 1"
+    if how == "cut":
+        return (f"the server cut this stream while {streams} ran: a server like that "
+                f"(llama.cpp with one slot) serves one stream at a time; {fix}")
+    what = ("the answer came back empty" if how == "empty"
+            else "this stream broke off")
+    relay = (", and a relay may report the cut as an empty answer"
+             if how == "empty" else "")
+    return (f"{what} while {streams} ran: a server that serves one stream at a time "
+            f"(llama.cpp with one slot) cuts the running stream when another arrives{relay}; "
+            f"if yours does, {fix}")
 
 
 def _tool(tool: _Tool, *, finished: bool) -> Text:
@@ -372,7 +479,8 @@ def _tail(text: Text, console: Console, width: int, lines: int) -> Text:
     return tail
 
 
-def _cut(text: str, limit: int) -> str:
+def cut_line(text: str, limit: int) -> str:
+    """``text`` on one line (runs of whitespace become one space), at most ``limit`` long."""
     text = " ".join(text.split())
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
@@ -384,6 +492,9 @@ def summary_table(columns: Iterable[Column], now: float) -> Table:
                           ("TTFT", "right"), ("tok/s", "right"), ("tokens", "right"),
                           ("chars", "right"), ("time", "right")):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    columns = list(columns)
+    if any(column.notes() for column in columns):
+        table.add_column("note", overflow="fold", min_width=24)
     for column in columns:
         rate, estimated = column.rate(now)
         reasons = ",".join(r or "none" for r in column.finish_reasons()) or "none"
@@ -396,5 +507,16 @@ def summary_table(columns: Iterable[Column], now: float) -> Table:
             format_seconds(column.ttft()),
             "-" if rate is None else f"{'≈' if estimated else ''}{rate:.0f}",
             "-" if tokens is None else str(tokens), str(chars),
-            f"{column.elapsed(now):.2f}s")
+            f"{column.elapsed(now):.2f}s", *_note_cell(column, len(table.columns) > 8))
     return table
+
+
+def _note_cell(column: Column, shown: bool) -> list[Text]:
+    if not shown:
+        return []
+    cell = Text()
+    for i, (note, kind) in enumerate(column.notes()):
+        if i:
+            cell.append(" · ")
+        cell.append(cut_line(note, 200), NOTE_STYLES[kind])
+    return [cell]

@@ -3,7 +3,8 @@
 
 Outcomes, latencies and tokens count each key's latest record (a redo
 replaces a failure); 429s and the time spent waiting on them count every
-record, since every attempt cost something.
+record, since every attempt cost something.  A completed record with an
+empty answer counts as ``empty``, apart from ``completed``.
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ from rich.table import Table
 from rich.text import Text
 
 from .common import format_seconds, text_console
-from .results import iter_records, work_key
+from .results import STATES, iter_records, state_of, work_key
 
 __all__ = ["model_summary", "report", "summary_table"]
 
-OUTCOMES = ("completed", "truncated", "error", "timed_out", "cancelled")
+OUTCOMES = STATES
 
 
 def model_summary(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -37,7 +38,7 @@ def model_summary(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, A
         metrics = record.get("metrics") or {}
         usage = record.get("usage") or {}
         latest[work_key(record["id"], record["model"], record["sample"])] = {
-            "model": record["model"], "outcome": record["outcome"],
+            "model": record["model"], "outcome": state_of(record),
             "metrics": {"ttft": metrics.get("ttft"),
                         "tokens_per_second": metrics.get("tokens_per_second")},
             "usage": {"prompt_tokens": usage.get("prompt_tokens"),
@@ -76,7 +77,8 @@ def model_summary(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, A
 def summary_table(summary: Mapping[str, Mapping[str, Any]]) -> Table:
     """The summary as a table for the terminal."""
     table = Table(box=box.SIMPLE_HEAD, show_edge=False)
-    columns = ("model", "runs", "completed", "truncated", "error", "timed out", "cancelled",
+    columns = ("model", "runs", "completed", "empty", "truncated", "error", "timed out",
+               "cancelled",
                "TTFT p50", "TTFT p95", "tok/s p50", "tokens in", "tokens out", "429s",
                "429 wait")
     for name in columns:
@@ -89,7 +91,7 @@ def summary_table(summary: Mapping[str, Mapping[str, Any]]) -> Table:
             Text(f"{row['completed']} ({row['completed_pct']:.0f}%)",
                  "green" if not failed else "yellow"),
             *(Text(str(row[k]), "red" if row[k] else "dim")
-              for k in ("truncated", "error", "timed_out", "cancelled")),
+              for k in ("empty", "truncated", "error", "timed_out", "cancelled")),
             format_seconds(row["ttft_p50"]), format_seconds(row["ttft_p95"]),
             "-" if row["tokens_per_second_p50"] is None
             else f"{row['tokens_per_second_p50']:.0f}",

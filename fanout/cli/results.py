@@ -5,7 +5,7 @@ and flushed as each stream finishes; ``fsync`` at least once a second and at
 the end.  A crash (SIGKILL included) can leave one torn last line: reading
 detects it and ignores it, and the next run cuts it off before appending, so
 the file stays readable by pandas and duckdb.  A key may have several records
-(a redo after a failure): the latest one counts.
+(a redo after a failure, or after the server cut it): the latest one counts.
 """
 
 from __future__ import annotations
@@ -21,7 +21,12 @@ from typing import Any
 import attrs
 import orjson
 
-__all__ = ["Existing", "ResultsWriter", "parse_shard", "read_results", "shard_of", "work_key"]
+__all__ = ["Existing", "ResultsWriter", "is_empty", "parse_shard", "read_results", "shard_of",
+           "state_of", "work_key"]
+
+#: What a record can count as: its outcome, but ``empty`` for a completed record
+#: with an empty answer (not done, unless ``--accept-empty``).
+STATES = ("completed", "empty", "truncated", "error", "timed_out", "cancelled")
 
 
 def work_key(prompt_id: str | int, model: str, sample: int) -> str:
@@ -113,6 +118,42 @@ def _record(line: bytes) -> dict[str, Any] | None:
     return record
 
 
+def is_empty(record: Mapping[str, Any]) -> bool:
+    """A completed record whose answer is empty: flagged ``empty_answer``, or (a record
+    written before flags existed) no text, reasoning, refusal or tool call anywhere."""
+    flags = record.get("flags")
+    if isinstance(flags, list):
+        return "empty_answer" in flags
+    choices = record.get("choices")
+    if not isinstance(choices, list):
+        return False  # not a record of ours: nothing to go by
+    return not any(_answers(choice) for choice in choices)
+
+
+def _answers(choice: object) -> bool:
+    if not isinstance(choice, dict):
+        return False
+    return bool(choice.get("tool_calls")) or any(
+        isinstance(choice.get(part), str) and choice[part].strip()
+        for part in ("text", "reasoning", "refusal"))
+
+
+def state_of(record: Mapping[str, Any]) -> str:
+    """What a record counts as (one of ``STATES``, or whatever outcome it names).
+
+    ``completed`` only for a completed record with an answer that was not cut;
+    ``empty`` for a completed empty answer; ``truncated`` for a completed record
+    that ``fanout batch`` judged cut by the server (``"cut": true``: a redo follows it,
+    unless the run was interrupted first).
+    """
+    outcome = str(record.get("outcome"))
+    if outcome != "completed":
+        return outcome
+    if record.get("cut"):
+        return "truncated"
+    return "empty" if is_empty(record) else "completed"
+
+
 _KEPT = ("id", "model", "sample", "outcome", "content_key")
 
 
@@ -120,7 +161,9 @@ def _keep(existing: Existing, record: dict[str, Any]) -> None:
     existing.records += 1
     key = work_key(record["id"], record["model"], record["sample"])
     existing.latest.pop(key, None)  # re-insert: the dict stays in order of latest writes
-    existing.latest[key] = {name: record.get(name) for name in _KEPT}
+    kept = {name: record.get(name) for name in _KEPT}
+    kept["state"] = state_of(record)
+    existing.latest[key] = kept
 
 
 class ResultsWriter:

@@ -236,7 +236,7 @@ class StreamRunner:
 
     def _retryable(self, end: _AttemptEnd, parser: StreamParser) -> bool:
         """May this attempt be tried again?  Never after content; never a failure the
-        same request meets again."""
+        same request meets again; never a content-less 2xx while other streams ran."""
         if end.delivered:
             return False
         retry = self.retry
@@ -249,6 +249,12 @@ class StreamRunner:
             f"{error.message} {error.type or ''}"))
         if end.status is not None and not 200 <= end.status < 300:
             return end.status in retry.statuses and not deterministic
+        if self.others_running is not None and self.others_running(self):
+            # A 2xx that delivered nothing while other streams ran is how a server
+            # with one slot cuts a stream: a retry now would cut another one.  Left to
+            # the caller, with ``others_running`` on the result (batch redoes such
+            # units at a lower concurrency; compare says what to set).
+            return False
         if error is not None:  # a 2xx: the connection broke, or an error event came first
             return error.type not in ("protocol_error", "not_event_stream") and not deterministic
         if end.status is not None and retry.empty_responses:

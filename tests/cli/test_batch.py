@@ -66,6 +66,14 @@ id = "fault/busy:2"
 [[models]]
 name = "slow"
 id = "mock/slow:0.02"
+
+[[models]]
+name = "empty"
+id = "replay/L10_context_overflow_stream:x0"
+
+[[models]]
+name = "missing"
+id = "mock/no-such-model"
 """
 
 EXPECTED = {"fast": "completed", "echo": "completed", "short": "completed",
@@ -114,9 +122,16 @@ def test_every_unit_of_work_once_with_its_outcome(tmp_path: Path, config: str) -
     output = str(tmp_path / "results.jsonl")
     status, out, err = batch(prompts, output, config, *EXPECTED, samples=2)
     assert status == 1  # some models fail by design
-    rows = records(output)
-    keys = Counter(work_key(r["id"], r["model"], r["sample"]) for r in rows)
-    assert len(keys) == 6 * len(EXPECTED) * 2 and set(keys.values()) == {1}
+    every = records(output)
+    keys = Counter(work_key(r["id"], r["model"], r["sample"]) for r in every)
+    assert len(keys) == 6 * len(EXPECTED) * 2
+    # flaky's streams break off: while others run they look cut, and are redone, until
+    # one breaks off alone (then flaky's endings are its own). Each record is kept.
+    redone = [r for r in every if r["cut"]]
+    assert {r["model"] for r in redone} <= {"flaky"}
+    assert all(n == 1 for key, n in keys.items() if "flaky" not in key)
+    rows = list(latest(output).values())
+    assert not any(r["cut"] for r in rows)
     for row in rows:
         assert row["outcome"] == EXPECTED[row["model"]], row
         assert row["sample"] in (0, 1)
@@ -143,7 +158,20 @@ def test_every_unit_of_work_once_with_its_outcome(tmp_path: Path, config: str) -
     echo = next(r for r in rows if r["model"] == "echo" and r["id"] == 0)
     assert echo["text"] == "Question 0"  # messages + system were sent as given
     assert "72 streams: 6 prompts x 6 models x 2 samples; 0 already completed, 72 to run" in err
-    assert "24 of 72 streams are not completed" in err
+    lines = err.splitlines()
+    assert "fanout batch: 24 of 72 streams are not completed" in lines  # no advice to rerun
+    assert ("fanout batch: flaky: all 12 of its streams this run were truncated (the connection "
+            "broke after 3 events without [DONE]: the server closed the connection mid-response "
+            "(RemoteProtocolError: peer closed connection without sending …): running the same "
+            "command again will not help") in lines
+    assert ("fanout batch: stalled: all 12 of its streams this run timed out (no event within "
+            "0.5 s): running the same command again will not help") in lines
+    assert not any("run the same command again" in line for line in lines)
+    if redone:
+        assert (f"fanout batch: flaky: {len(redone)} of its streams that ended while others ran "
+                "were redone; it ends that way alone too, so it was not the server cutting them; "
+                "concurrency is back to 16") in lines
+        assert not any(line.startswith("fanout batch: the server cut") for line in lines)
     for model in EXPECTED:
         assert f" {model} " in out  # the summary table
     assert "\x1b" not in out
@@ -154,13 +182,15 @@ def test_resume_skips_completed_and_redoes_the_rest(tmp_path: Path, config: str)
     output = str(tmp_path / "results.jsonl")
     batch(prompts, output, config, "fast", "flaky")
     first = records(output)
-    assert len(first) == 8
+    assert len(latest(output)) == 8  # (flaky's, redone while they looked cut, more than once)
     status, _, err = batch(prompts, output, config, "fast", "flaky")
     assert status == 1
     assert "8 streams: 4 prompts x 2 models x 1 samples; 4 already completed, 4 to run" in err
     rows = records(output)
-    assert rows[:8] == first  # appended, never rewritten
-    assert Counter(r["model"] for r in rows[8:]) == {"flaky": 4}
+    assert rows[:len(first)] == first  # appended, never rewritten
+    again = rows[len(first):]
+    assert {r["model"] for r in again} == {"flaky"}
+    assert len({(r["id"], r["sample"]) for r in again}) == 4
     # Only the latest counts: the report sees 4 flaky runs, not 8.
     out = io.StringIO()
     from fanout.cli.report import report
@@ -257,11 +287,12 @@ def test_the_results_load_in_pandas_and_duckdb(tmp_path: Path, config: str) -> N
     prompts = prompts_file(tmp_path, 4)
     output = str(tmp_path / "results.jsonl")
     batch(prompts, output, config, "fast", "tools", "flaky")
-    frame = pandas.read_json(output, lines=True)
-    assert len(frame) == 12 and {"id", "model", "sample", "outcome", "metrics"} <= set(frame)
-    rows = duckdb.sql(f"select model, count(*), count(metrics.ttft) from read_json_auto('{output}') "
-                      "group by model order by model").fetchall()
-    assert rows == [("fast", 4, 4), ("flaky", 4, 4), ("tools", 4, 4)]
+    frame = pandas.read_json(output, lines=True)  # flaky's may have been redone: records > 12
+    assert {"id", "model", "sample", "outcome", "metrics", "reason", "flags"} <= set(frame)
+    assert len(frame.drop_duplicates(["id", "model", "sample"], keep="last")) == 12  # (README)
+    rows = duckdb.sql(f"select model, count(distinct id), count(metrics.ttft) = count(*) "
+                      f"from read_json_auto('{output}') group by model order by model").fetchall()
+    assert rows == [("fast", 4, True), ("flaky", 4, True), ("tools", 4, True)]
 
 
 def test_the_command_line(tmp_path: Path, config: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -368,3 +399,126 @@ def test_progress_bar_on_a_terminal_and_lines_elsewhere(tmp_path: Path, config: 
               progress_console=Console(file=plain, width=200))
     lines = [line for line in plain.getvalue().splitlines() if "/16 done (" in line]
     assert lines and lines[0].startswith("fanout batch: ") and "/s" in lines[0]
+
+
+
+# ---------------------------------------------------------------- honest outcomes
+
+def test_an_empty_answer_is_not_done_unless_accepted(tmp_path: Path, config: str) -> None:
+    # A relay's invented finish_reason "stop" on a stream that produced nothing.
+    prompts = prompts_file(tmp_path, 3)
+    output = str(tmp_path / "results.jsonl")
+    status, out, err = batch(prompts, output, config, "empty", "fast")
+    assert status == 1
+    rows = latest(output)
+    empty = [r for r in rows.values() if r["model"] == "empty"]
+    assert len(empty) == 3
+    assert all(r["outcome"] == "completed" and r["flags"][0] == "empty_answer"
+               and r["reason"] is None and not r["cut"] for r in empty)
+    run = next(line for line in err.splitlines() if line.startswith("fanout batch: this run: "))
+    assert run.endswith(("3 completed, 3 empty", "3 empty, 3 completed")) \
+        or ", 3 empty" in run or ": 3 empty" in run
+    assert ("fanout batch: empty: all 3 of its streams this run came back empty: running the "
+            "same command again will not help; --accept-empty counts empty answers as done"
+            ) in err.splitlines()
+    header, *table = out.splitlines()
+    assert "completed   empty " in header
+    assert [line.split()[:4] for line in table if line.startswith(" empty ")] == [
+        ["empty", "3", "0", "(0%)"]]
+    assert [line.split()[4] for line in table if line.startswith(" empty ")] == ["3"]
+
+    # Resume: the empty answers are redone, the completed ones are not.
+    status, _, err = batch(prompts, output, config, "empty", "fast")
+    assert status == 1 and "3 already completed, 3 to run" in err
+    # --accept-empty: the old behaviour, they count as done.
+    status, _, err = batch(prompts, output, config, "empty", "fast", accept_empty=True)
+    assert status == 0, err
+    assert "6 already completed, 0 to run" in err
+    report = io.StringIO()
+    from fanout.cli.report import report as report_command
+    assert report_command(output, as_json=True, stdout=report) == 0
+    summary = json.loads(report.getvalue())
+    assert summary["empty"]["empty"] == 3 and summary["empty"]["completed"] == 0
+    assert summary["fast"]["completed"] == 3 and summary["fast"]["empty"] == 0
+
+
+def test_accept_empty_on_the_command_line(tmp_path: Path, config: str) -> None:
+    prompts = prompts_file(tmp_path, 2)
+    output = str(tmp_path / "results.jsonl")
+    assert main(["batch", prompts, "-m", "empty", "-o", output, "--config", config]) == 1
+    assert main(["batch", prompts, "-m", "empty", "-o", output, "--config", config,
+                 "--accept-empty"]) == 0
+
+
+def test_an_old_results_file_without_flags_still_redoes_empty_answers(
+        tmp_path: Path, config: str) -> None:
+    prompts = prompts_file(tmp_path, 2)
+    output = tmp_path / "results.jsonl"
+    assert batch(prompts, str(output), config, "fast")[0] == 0
+    rows = records(str(output))
+    for row in rows:  # as the first release wrote them: no flags, no cut
+        del row["flags"], row["cut"], row["reason"]
+    rows[0]["text"] = rows[0]["choices"][0]["text"] = ""
+    output.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    status, _, err = batch(prompts, str(output), config, "fast")
+    assert status == 0 and "1 already completed, 1 to run" in err
+
+
+def test_requests_the_server_refuses_get_no_advice_to_run_again(tmp_path: Path,
+                                                                 config: str) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "ok", "prompt": "fine"}) + "\n"
+                       + json.dumps({"id": "ok2", "prompt": "fine too"}) + "\n"
+                       + json.dumps({"id": "bad", "prompt": "x",
+                                     "params": {"temperature": "hot"}}) + "\n")
+    output = str(tmp_path / "results.jsonl")
+    status, _, err = batch(str(prompts), output, config, "fast", "missing")
+    assert status == 1
+    lines = err.splitlines()
+    unknown = ("HTTP 404: The model 'mock/no-such-model' does not exist. GET /v1/models "
+               "lists the models of this upstream.")
+    assert lines[-3:] == [
+        "fanout batch: 4 of 6 streams are not completed",
+        f"fanout batch: missing: 3 requests refused as sent (HTTP 400, 404; e.g. {unknown}): "
+        "running again sends them unchanged; fix the prompt, the params or the model",
+        "fanout batch: fast: 1 request refused as sent (HTTP 400: 'temperature' must be a "
+        "number, not 'hot'.): running again sends it unchanged; fix the prompt, the params or "
+        "the model"]
+    assert latest(output)[work_key("bad", "fast", 0)]["status"] == 400
+
+
+# ---------------------------------------------------------------- a single-slot server
+
+@pytest.mark.parametrize("cut", ["clean", "broken", "relay"])
+def test_a_single_slot_server_still_completes_every_unit(tmp_path: Path, cut: str) -> None:
+    # Four model names, one server-wide slot: each new request cuts the stream that
+    # holds it ([DONE] without a finish reason; then broken framing; or a relay's
+    # empty "stop"). Lowering the concurrency and redoing the cut units completes them.
+    config = tmp_path / "slot.toml"
+    config.write_text('[endpoint]\nbase_url = "embedded"\n[deadlines]\nidle = 5\ntotal = 60\n'
+                      + "".join(f'[[models]]\nname = "m{i}"\nid = "slot/{cut}:0.005"\n'
+                                'params = { max_tokens = 10 }\n' for i in range(4)))
+    prompts = prompts_file(tmp_path, 10)
+    output = str(tmp_path / "results.jsonl")
+    status, out, err = batch(prompts, output, str(config), concurrency=4)
+    assert status == 0, err
+    final = latest(output)
+    assert len(final) == 40
+    assert all(r["outcome"] == "completed" and r["flags"] == [] and not r["cut"]
+               and r["usage"]["completion_tokens"] == 10 for r in final.values())
+    every = records(output)
+    redone = [r for r in every if r["cut"]]
+    assert redone and len(every) >= 40 + len(redone)  # each attempt is its own record
+    assert all(r["others_running"] > 0 for r in redone)
+    assert {r["outcome"] for r in redone} == ({"completed"} if cut == "relay" else {"truncated"})
+    if cut != "relay":
+        assert {r["reason"] for r in redone} == {
+            "[DONE] arrived but no choice had a finish reason (the server cut the stream)"}
+    assert max(r["redo"] for r in final.values()) >= 1
+    line = next(line for line in err.splitlines() if "while others ran" in line)
+    assert line == (f"fanout batch: the server cut {len(every) - 40} streams while others "
+                    "ran; they "
+                    "were redone at lower concurrency (4 → 1); set [concurrency] max = 1 for "
+                    "this endpoint (or --concurrency 1)")
+    assert "not completed" not in err
+    assert all(f" m{i} " in out for i in range(4))  # the summary

@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
+from rich.console import Console
 from trio.testing import MockClock
 
-from fanout.cli.batch import plan_work
+from fanout import ChoiceResult, Flag, Outcome, StreamResult, Usage
+from fanout.cli.batch import _Final, is_done, not_completed, plan_work
 from fanout.cli.prompts import PromptFileError, load_prompts
-from fanout.cli.ratelimit import AdaptiveLimit
+from fanout.cli.ratelimit import AdaptiveLimit, EndpointLimit
 from fanout.cli.report import _percentile, model_summary
 from fanout.cli.results import (
     ResultsWriter,
     parse_shard,
     read_results,
     shard_of,
+    state_of,
     work_key,
 )
 from fanout.config import parse_config
@@ -283,6 +288,115 @@ async def test_a_429_pauses_submissions_for_its_wait(autojump_clock: MockClock) 
     assert trio.current_time() - start == pytest.approx(3.0)
 
 
+# ------------------------------------------------------- the endpoint's limit
+
+async def test_a_cut_halves_the_endpoint_once_per_generation(autojump_clock: MockClock) -> None:
+    limit = EndpointLimit(16)
+    sent = trio.current_time()
+    await trio.sleep(1)
+    assert limit.cut(sent, trio.current_time(), running=16) is True
+    assert (limit.limit, limit.lowest, limit.cuts) == (8, 8, 1)
+    # Streams sent before that decrease are the same burst: no second halving.
+    assert limit.cut(sent, trio.current_time() + 0.5, running=12) is False
+    assert limit.limit == 8 and limit.cuts == 2
+    await trio.sleep(1)
+    later = trio.current_time()  # sent after the decrease: a new generation's cut
+    assert limit.cut(later, later + 0.1, running=3) is True
+    assert limit.limit == 1  # half of what ran when it was cut, not of the limit
+    assert limit.cut(later + 1, later + 2, running=2) is False  # never below 1
+    assert (limit.limit, limit.lowest, limit.decreases) == (1, 1, 2)
+
+
+def test_after_a_cut_a_slot_back_takes_longer_each_time() -> None:
+    limit = EndpointLimit(4, probe=8)
+    limit.cut(0.0, 1.0, running=2)
+    assert limit.limit == 1
+    for _ in range(7):
+        limit.succeeded()
+    assert limit.limit == 1
+    limit.succeeded()
+    assert limit.limit == 2  # the probe, after 8 successes in a row
+    limit.cut(2.0, 3.0, running=2)  # the probe was cut: back to 1, and twice the wait
+    assert limit.limit == 1
+    for _ in range(15):
+        limit.succeeded()
+    assert limit.limit == 1
+    limit.succeeded()
+    assert limit.limit == 2
+    limit.reset()  # the cuts were not the server's doing
+    assert limit.limit == 4 and limit.lowest == 1
+    limit.cut(4.0, 5.0, running=4)
+    for _ in range(2):
+        limit.succeeded()
+    assert limit.limit == 2  # after a reset, the first probe waits 8 again
+    for _ in range(6):
+        limit.succeeded()
+    assert limit.limit == 3
+
+
+def test_a_success_never_raises_the_endpoint_above_its_maximum() -> None:
+    limit = EndpointLimit(2)
+    for _ in range(100):
+        limit.succeeded()
+    assert limit.limit == 2 and limit.lowest == 2 and limit.cuts == 0
+
+
+# ----------------------------------------------------------- what a run says
+
+def final(model: str, state: str, status: int | None = None,
+          reason: str | None = "why") -> _Final:
+    return _Final(model, state, status, reason)
+
+
+def test_running_again_is_advised_only_when_it_can_help() -> None:
+    from collections import Counter
+    # a: some of its streams timed out, not all: a rerun may well do better.
+    finals = {"1": final("a", "timed_out"), "2": final("b", "truncated", reason="cut")}
+    assert not_completed(finals, 10, Counter({"a": 5, "b": 5}), accept_empty=False) == [
+        "2 of 10 streams are not completed; run the same command again to redo them"]
+    # b failed every one of its streams, the same way; c had a 400 and a 503.
+    finals = {"1": final("b", "error", 500, "HTTP 500: boom"),
+              "2": final("b", "error", 500, "HTTP 500: boom again"),
+              "3": final("c", "error", 400, "HTTP 400: bad\x1b[2J field"),
+              "4": final("c", "error", 503, "HTTP 503: busy")}
+    assert not_completed(finals, 9, Counter({"b": 2, "c": 5}), accept_empty=False) == [
+        "4 of 9 streams are not completed",
+        "b: all 2 of its streams this run failed (HTTP 500: boom): running the same command "
+        "again will not help",
+        "c: 1 request refused as sent (HTTP 400: bad field): running again sends it unchanged; "
+        "fix the prompt, the params or the model",
+        "run the same command again to redo the other 1"]
+    # One stream is no pattern; 408, 409 and 429 are worth another try.
+    for status in (408, 409, 429):
+        lines = not_completed({"1": final("d", "error", status)}, 1, Counter({"d": 1}),
+                              accept_empty=False)
+        assert lines == ["1 of 1 streams are not completed; run the same command again to "
+                         "redo them"]
+    lines = not_completed({"1": final("e", "empty", 200, None), "2": final("e", "empty", 200,
+                                                                        None)},
+                          2, Counter({"e": 2}), accept_empty=False)
+    assert lines[1] == ("e: all 2 of its streams this run came back empty: running the same "
+                        "command again will not help; --accept-empty counts empty answers as "
+                        "done")
+
+
+def test_what_a_record_counts_as() -> None:
+    assert state_of({"outcome": "completed", "flags": [], "choices": []}) == "completed"
+    assert state_of({"outcome": "completed", "flags": ["empty_answer"]}) == "empty"
+    assert state_of({"outcome": "completed", "flags": ["missing_usage"]}) == "completed"
+    assert state_of({"outcome": "completed", "flags": [], "cut": True}) == "truncated"
+    assert state_of({"outcome": "timed_out", "flags": []}) == "timed_out"
+    # Written before flags existed: the choices say whether anything came.
+    old = {"outcome": "completed", "choices": [{"text": " ", "reasoning": "", "refusal": "",
+                                                "tool_calls": []}]}
+    assert state_of(old) == "empty"
+    old["choices"][0]["tool_calls"] = [{"name": "f"}]  # type: ignore[index]
+    assert state_of(old) == "completed"
+    assert state_of({"outcome": "completed"}) == "completed"  # nothing to go by
+    assert is_done("completed", False) and not is_done("empty", False)
+    assert is_done("empty", True) and not is_done("truncated", True)
+
+
 # --------------------------------------------------------------------- report
 
 def test_percentiles() -> None:
@@ -307,3 +421,132 @@ def test_the_summary_counts_latest_outcomes_and_every_429() -> None:
     assert summary["ttft_p50"] == pytest.approx(0.3) and summary["ttft_p95"] == 0.4
     assert summary["tokens_in"] == 9 and summary["tokens_out"] == 21
     assert summary["rate_limited"] == 4 and summary["retry_wait"] == 3.5
+
+
+# ------------------------------------------------------- what counts as a cut
+
+class _Fan:
+    """What _Session._finished needs of a fan-out."""
+
+    def forget(self, key: str) -> None:
+        pass
+
+
+def _session(tmp_path: Path, *, accept_empty: bool = False, prompts: int = 4,
+             concurrency: int = 8) -> tuple[Any, list[Any]]:
+    from fanout.cli.batch import BatchOptions, _Session
+    tmp_path.mkdir(exist_ok=True)
+    lines = [json.dumps({"id": f"q{i}", "prompt": f"p{i}"}) for i in range(prompts)]
+    work = plan_work(load_prompts(write_lines(tmp_path / "p.jsonl", *lines)), CONFIG.models[:2],
+                     1, CONFIG)
+    writer = ResultsWriter(tmp_path / "r.jsonl", read_results(tmp_path / "r.jsonl"))
+    options = BatchOptions(prompts="p", output="r", concurrency=concurrency,
+                           accept_empty=accept_empty)
+    return _Session(CONFIG, options, work, writer, Console(file=io.StringIO())), work
+
+
+def _send(session: Any, unit: Any) -> None:
+    # What _submit_model does for one unit, without a fan-out.
+    session.queues[unit.model.name].remove(unit)
+    session._pending += 1
+    session.limits[unit.model.name].limiter.acquire_on_behalf_of_nowait(unit.key)
+    session.endpoint.limiter.acquire_on_behalf_of_nowait(unit.key)
+    session._submitted[unit.key] = trio.current_time()
+
+
+def _end(session: Any, unit: Any, outcome: Outcome, *, others: int, text: str = "hi",
+         usage: bool = True, flags: tuple[Flag, ...] = ()) -> dict[str, Any]:
+    choices = (ChoiceResult(0, text=text, finish_reason="stop"),)
+    result = StreamResult(outcome, choices=choices, flags=flags, stream=unit.key,
+                          usage=Usage(1, 2, 3) if usage else None, others_running=others)
+    written = session.writer.written
+    session._finished(_Fan(), result)
+    assert session.writer.written == written + 1  # every ending is a record
+    return records_of(session)[-1]
+
+
+def records_of(session: Any) -> list[dict[str, Any]]:
+    session.writer.sync()
+    return [json.loads(line) for line in session.writer.path.read_text().splitlines()]
+
+
+async def test_a_cut_while_others_ran_is_redone_first_and_lowers_the_endpoint(
+        tmp_path: Path) -> None:
+    session, work = _session(tmp_path)
+    a0, a1 = work[0], work[2]  # model a, prompts 0 and 1
+    for unit in work:
+        _send(session, unit)
+    await trio.sleep(0.01)
+    record = _end(session, a0, Outcome.TRUNCATED, others=7)
+    assert record["cut"] is True and record["redo"] == 0
+    assert session.queues["a"][0] is a0 and session.endpoint.limit == 4
+    record = _end(session, a1, Outcome.TRUNCATED, others=6)  # the same burst
+    assert record["cut"] is True and session.endpoint.limit == 4
+    assert list(session.queues["a"])[:2] == [a1, a0]
+    for unit in work[1:6:2]:  # b's first three complete: 3 in flight, room for a redo
+        assert _end(session, unit, Outcome.COMPLETED, others=4)["cut"] is False
+    _send(session, a0)
+    record = _end(session, a0, Outcome.COMPLETED, others=3)
+    assert (record["cut"], record["redo"], record["outcome"]) == (False, 1, "completed")
+    assert session.counts == {"completed": 4} and session.redone == 2
+    assert session.cut_lines() == [
+        "the server cut 2 streams while others ran; they were redone at lower concurrency "
+        "(8 → 4); set [concurrency] max = 4 for this endpoint (or --concurrency 4)"]
+
+
+async def test_a_unit_is_redone_at_most_max_redos_times(tmp_path: Path) -> None:
+    from fanout.cli.batch import MAX_REDOS
+    session, work = _session(tmp_path)
+    unit = work[0]
+    for n in range(MAX_REDOS + 1):
+        _send(session, unit)
+        record = _end(session, unit, Outcome.TRUNCATED, others=1)
+        assert record["cut"] is (n < MAX_REDOS) and record["redo"] == n
+    assert session.still_cut == 1 and session.finals[unit.key].state == "truncated"
+    assert session.cut_lines()[1] == f"1 stream was still cut after {MAX_REDOS} redos"
+
+
+async def test_the_same_ending_alone_means_it_was_no_cut(tmp_path: Path) -> None:
+    session, work = _session(tmp_path)
+    a0, a1, a2, b0 = work[0], work[2], work[4], work[1]
+    for unit in (a0, a1, a2, b0):
+        _send(session, unit)
+    assert _end(session, a0, Outcome.TRUNCATED, others=3)["cut"] is True
+    assert session.endpoint.limit == 2
+    assert _end(session, a1, Outcome.TRUNCATED, others=0)["cut"] is False  # alone: its own
+    assert session.endpoint.limit == 8  # a's was the only evidence: back to the maximum
+    _send(session, a0)
+    assert _end(session, a2, Outcome.TRUNCATED, others=2)["cut"] is False  # excused now
+    assert _end(session, b0, Outcome.TRUNCATED, others=1)["cut"] is True  # b is not
+    assert session.excused == {"a": 1}
+
+
+async def test_an_empty_answer_while_others_ran_is_a_cut_unless_accepted(
+        tmp_path: Path) -> None:
+    for accept, cut in ((False, True), (True, False)):
+        session, work = _session(tmp_path / str(accept), accept_empty=accept)
+        _send(session, work[0])
+        record = _end(session, work[0], Outcome.COMPLETED, others=2, text="",
+                      flags=(Flag.EMPTY_ANSWER,))
+        assert record["cut"] is cut
+
+
+async def test_a_relay_that_drops_usage_on_a_cut(tmp_path: Path) -> None:
+    session, work = _session(tmp_path)
+    first, second, third = work[0], work[1], work[2]
+    for unit in (first, second, third):
+        _send(session, unit)
+    # No usage yet on this endpoint: a suspect, counted completed for now.
+    assert _end(session, first, Outcome.COMPLETED, others=2, usage=False)["cut"] is False
+    assert session.counts == {"completed": 1} and not session.queues["a"].count(first)
+    # Usage comes on another stream: the suspect was cut after all, and is redone.
+    assert _end(session, second, Outcome.COMPLETED, others=1)["cut"] is False
+    assert session.queues["a"][0] is first and session.counts == {"completed": 1}
+    assert first.key not in session.finals and session.redone == 1
+    # From now on, no usage while others ran is a cut at once...
+    assert _end(session, third, Outcome.COMPLETED, others=1, usage=False)["cut"] is True
+    # ... until a stream completes without usage alone: this endpoint does that.
+    _send(session, first)
+    assert _end(session, first, Outcome.COMPLETED, others=0, usage=False)["cut"] is False
+    _send(session, third)
+    assert _end(session, third, Outcome.COMPLETED, others=3, usage=False)["cut"] is False

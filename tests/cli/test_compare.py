@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +16,7 @@ from rich.console import Console
 
 from fanout.cli.compare import CompareOptions, UsageError, read_prompt, run_compare
 from fanout.cli.main import main
+from fanout.cli.render import inert
 
 COMMAND = [sys.executable, "-m", "fanout.cli.main"]
 
@@ -62,6 +63,24 @@ deadlines = { idle = 0.5 }
 name = "hanging"
 id = "fault/stall:4"
 deadlines = { idle = 600, total = 600 }
+
+[[models]]
+name = "empty"
+id = "replay/L10_context_overflow_stream:x0"
+
+[[models]]
+name = "interrupted"
+id = "replay/15_interrupted_first:x0"
+
+[[models]]
+name = "two"
+id = "replay/L03_mock_n2:x0"
+params = { n = 2 }
+
+[[models]]
+name = "slowpoke"
+id = "mock/fast:0.05"
+params = { max_tokens = 20 }
 """
 
 
@@ -100,13 +119,26 @@ def test_plain_output_has_a_block_per_model_and_a_summary(config: str) -> None:
 def test_a_fault_model_shows_its_outcome_and_fails_the_run(config: str) -> None:
     status, out, err = compare(config, "steady", "flaky", "stalled", "short")
     assert status == 1
-    lines = err.splitlines()
-    assert len(lines) == 2
-    assert lines[0].startswith("fanout compare: flaky: truncated: ")
-    assert lines[1] == "fanout compare: stalled: timed out (idle): no event within 0.5 s"
+    # flaky may break off while the others still run: then a line of advice follows it.
+    lines = [line for line in err.splitlines() if "one stream at a time" not in line]
+    assert lines == [
+        "fanout compare: flaky: truncated: the connection broke after 3 events without [DONE]: "
+        "the server closed the connection mid-response (RemoteProtocolError: peer closed "
+        "connection without sending complete message body (incomplete chunked read))",
+        "fanout compare: stalled: timed out (idle): no event within 0.5 s"]
+    assert all(line.startswith("fanout compare: flaky: this stream broke off while ")
+               for line in err.splitlines() if line not in lines)
     blocks = {line.split()[1]: line for line in out.splitlines() if line.startswith("== ")}
     assert " truncated " in blocks["flaky"]
+    assert blocks["flaky"].endswith(" · the connection broke after 3 events without [DONE]: "
+                                    "the server closed the connection mid-response "
+                                    "(RemoteProtocolError: peer closed connection without "
+                                    "sending complete message body (incomplete chunked read))") \
+        or " · broke off while " in blocks["flaky"]
+    assert blocks["stalled"].endswith(" · no event within 0.5 s")
     assert "finish length" in blocks["short"] and " done " in blocks["short"]  # length completes
+    summary = out[out.index(" model "):]
+    assert " note" in summary.splitlines()[0] and "no event within 0.5 s" in summary
 
 
 def test_json_lines(config: str) -> None:
@@ -164,7 +196,7 @@ def test_unknown_model_is_a_usage_error(config: str) -> None:
     assert status == 2 and out == ""
     assert err.strip() == (f"fanout compare: {config}: no model named 'stedy' "
                            "(did you mean 'steady'?) (known: steady, reasoner, tools, short, "
-                           "flaky, stalled, hanging)")
+                           "flaky, stalled, hanging, empty, interrupted, two, slowpoke)")
 
 
 def test_a_missing_key_variable_is_named_not_printed(tmp_path: Path) -> None:
@@ -197,7 +229,7 @@ def test_a_real_endpoint_with_a_key_never_shows_the_key(mock_with_key: str,
     ok = compare(str(path), environ={"MY_KEY": secret}, json_lines=True)
     assert ok[0] == 0
     refused = compare(str(path), environ={"MY_KEY": "sk-wrong-key-000"})
-    assert refused[0] == 1 and "fanout compare: echo: error: Incorrect API key" in refused[2]
+    assert refused[0] == 1 and "fanout compare: echo: error: HTTP 401: Incorrect API key" in refused[2]
     for _, out, err in (ok, refused):
         assert secret not in out + err and "sk-wrong-key-000" not in out + err
 
@@ -335,7 +367,9 @@ def test_ctrl_c_on_a_real_terminal(config: str) -> None:
 
 def test_a_closed_pipe_is_not_a_traceback(config: str) -> None:
     # `fanout compare ... --json | head -1`: the reader leaves early.
-    process = subprocess.Popen([*COMMAND, "compare", "hi", "-m", "steady", "-m", "reasoner",
+    # slowpoke streams for about a second: it still writes after the reader left
+    # (a fast model could write everything into the pipe's buffer first, and exit 0).
+    process = subprocess.Popen([*COMMAND, "compare", "hi", "-m", "slowpoke", "-m", "reasoner",
                                 "--config", config, "--json"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert process.stdout is not None and process.stderr is not None
@@ -357,3 +391,134 @@ def test_a_stream_waiting_for_a_slot_shows_queued(tmp_path: Path) -> None:
     frames = terminal.export_text().split("Ctrl-C stops all")
     assert any("1 streaming · 1 queued" in frame or "1 queued · 1 streaming" in frame
                for frame in frames)
+
+
+# ---------------------------------------------------------------- honest outcomes
+
+def test_an_empty_answer_is_flagged_and_fails_the_run(config: str) -> None:
+    # A relay's invented finish_reason "stop" on a stream that produced nothing.
+    status, out, err = compare(config, "empty")
+    assert status == 1
+    assert err == ("fanout compare: empty: completed (finish stop), but the answer is empty: "
+                   "no text, reasoning, refusal or tool call\n")  # it ran alone: no cut advice
+    block = next(line for line in out.splitlines() if line.startswith("== empty"))
+    assert " done finish stop " in block and block.endswith(" · ⚠ empty answer · no usage")
+    assert "⚠ empty answer" in out[out.index(" model "):]  # the summary's note
+    status, out, _ = compare(config, "empty", json_lines=True)
+    result = json.loads(out.splitlines()[-1])
+    assert result["outcome"] == "completed" and result["flags"] == ["empty_answer", "missing_usage"]
+
+
+def test_a_flagged_choice_shows_and_the_run_still_passes(config: str) -> None:
+    # LiteLLM's mock with n=2: choice 1 never gets a finish reason.
+    status, out, err = compare(config, "two")
+    assert (status, err) == (0, "")
+    block = next(line for line in out.splitlines() if line.startswith("== two"))
+    assert block.endswith(" · ⚠ choice 1 unfinished · no usage")
+
+
+def test_done_without_a_finish_reason_is_truncated_with_its_reason(config: str) -> None:
+    status, out, err = compare(config, "interrupted")
+    assert status == 1
+    assert err == ("fanout compare: interrupted: truncated: [DONE] arrived but no choice had a "
+                   "finish reason (the server cut the stream)\n")
+    block = next(line for line in out.splitlines() if line.startswith("== interrupted"))
+    assert " truncated " in block and block.endswith("(the server cut the stream)")
+
+
+def test_a_stream_cut_while_others_ran_says_so_and_what_to_do(config: str) -> None:
+    # The replay ends at once; slowpoke streams for about a second: it holds its slot.
+    status, out, err = compare(config, "interrupted", "slowpoke")
+    assert status == 1
+    assert err.splitlines() == [
+        "fanout compare: interrupted: truncated: [DONE] arrived but no choice had a finish "
+        "reason (the server cut the stream)",
+        "fanout compare: interrupted: the server cut this stream while 1 other stream ran: a "
+        "server like that (llama.cpp with one slot) serves one stream at a time; compare fewer "
+        "models at once, or set [concurrency] max = 1"]
+    block = next(line for line in out.splitlines() if line.startswith("== interrupted"))
+    assert block.endswith(" · cut while 1 other stream ran")
+    assert "the server cut this stream while 1 other stream ran" in out  # the column's body
+    status, out, _ = compare(config, "interrupted", "slowpoke", json_lines=True)
+    results = {r["stream"]: r for r in map(json.loads, out.splitlines()) if r["type"] == "result"}
+    assert results["interrupted"]["others_running"] == 1
+    assert results["slowpoke"]["others_running"] == 0
+
+
+def _on_a_terminal(args: list[str], *, until: Callable[[bytes, int | None], bool],
+                   seconds: float = 30) -> tuple[bytes, int | None]:
+    """Run ``fanout ARGS`` on a pseudo-terminal of 100x30 until ``until(screen, status)``;
+    returns every byte it wrote and its exit status."""
+    import fcntl
+    import pty
+    import select
+    import termios
+    import time
+
+    def controlling_terminal() -> None:  # in the child: the pty becomes its terminal
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    leader, follower = pty.openpty()
+    os.set_blocking(leader, False)
+    process = subprocess.Popen(
+        [*COMMAND, *args], stdin=follower, stdout=follower, stderr=follower,
+        preexec_fn=controlling_terminal,
+        env={**os.environ, "COLUMNS": "100", "LINES": "30", "TERM": "xterm-256color"})
+    os.close(follower)
+    screen = b""
+    try:
+        deadline = time.monotonic() + seconds
+        while not until(screen, process.poll()) and time.monotonic() < deadline:
+            # Keep reading: a full terminal buffer would block the child.
+            if select.select([leader], [], [], 0.1)[0]:
+                try:
+                    screen += os.read(leader, 65536)
+                except OSError:  # the child closed the terminal
+                    process.wait(timeout=seconds)
+    finally:
+        process.kill()
+        process.wait()
+        os.close(leader)
+    return screen, process.returncode
+
+
+def test_the_reason_shows_on_a_real_terminal(config: str) -> None:
+    screen, status = _on_a_terminal(
+        ["compare", "hi", "-m", "flaky", "--config", config],
+        until=lambda screen, status: status is not None and screen.endswith(b"\n"))
+    assert status == 1
+    raw = screen.decode("utf-8", "replace")
+    assert "\x1b[" in raw  # the live view drew in colour: this was a terminal
+    text = inert(raw)  # the colours and cursor moves out of the way
+    # The column's header: the reason on its own line, cut to fit the box (98 wide).
+    header = next(line for line in text.splitlines() if line.startswith("│ the connection"))
+    assert header == ("│ the connection broke after 3 events without [DONE]: the server closed the "
+                      "connection mid-respon… │")
+    assert ("\nfanout compare: flaky: truncated: the connection broke after 3 events without "
+            "[DONE]: the server closed the connection mid-response (RemoteProtocolError: peer "
+            "closed connection without sending complete message body (incomplete chunked "
+            "read))\n") in text
+
+
+def test_a_single_slot_server_cuts_one_of_two_and_compare_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "slot.toml"
+    path.write_text('[endpoint]\nbase_url = "embedded"\n'
+                    + "".join(f'[[models]]\nname = "{name}"\nid = "slot/clean"\n'
+                              'params = { max_tokens = 10 }\n' for name in ("one", "two")))
+    status, _, err = compare(str(path))
+    assert status == 1
+    # Both ask at once; the second request takes the server's one slot from the first.
+    lines = err.splitlines()
+    assert len(lines) == 2
+    cut = lines[0].split(":")[1].strip()
+    assert cut in ("one", "two")
+    assert lines == [
+        f"fanout compare: {cut}: truncated: [DONE] arrived but no choice had a finish reason "
+        "(the server cut the stream)",
+        f"fanout compare: {cut}: the server cut this stream while 1 other stream ran: a "
+        "server like that (llama.cpp with one slot) serves one stream at a time; compare "
+        "fewer models at once, or set [concurrency] max = 1"]
+    path.write_text(path.read_text().replace('base_url = "embedded"\n',
+                                             'base_url = "embedded"\n[concurrency]\nmax = 1\n'))
+    assert compare(str(path))[0] == 0  # what it advised: one at a time

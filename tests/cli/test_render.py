@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import io
 
+import attrs
 import pytest
 from rich.console import Console
+from rich.text import Text
 
 from fanout import (
     ChoiceFinished,
+    Flag,
     Outcome,
     ReasoningDelta,
     StreamFinished,
@@ -250,3 +253,125 @@ def test_a_finished_stream_event_finishes_the_column() -> None:
                                                   "finish_reason": "stop"}]})])
     column.apply(StreamFinished(result), 1.0)
     assert column.done and column.status == "done" and column.elapsed(5.0) == 1.0
+
+
+# ---------------------------------------------------------------- reasons, flags, cuts
+
+def _finish(column: Column, result: StreamResult, others: int = 0) -> StreamResult:
+    result = attrs.evolve(result, others_running=others)
+    column.finish(result, 2.0)
+    return result
+
+
+def _styles(text: Text, part: str) -> set[str]:
+    start = text.plain.index(part)
+    return {str(s.style) for s in text.spans if s.start <= start < s.end}
+
+
+def test_a_column_that_did_not_complete_shows_its_reason_on_one_sanitized_line() -> None:
+    column = Column("m", "m", started=0.0)
+    reason = "the connection broke after 5 events: \x1b]0;pwned\x07Remote\nProtocolError:\r boom"
+    _finish(column, StreamResult(Outcome.TRUNCATED, reason=reason))
+    header = CompareView([column]).header(column, 3.0)
+    lines = header.plain.splitlines()
+    assert lines[-1] == "the connection broke after 5 events: Remote ProtocolError: boom"
+    assert _styles(header, "the connection broke") == {"bold red"}
+    out = console(width=50, height=30)
+    out.print(CompareView([column]).live(out, 3.0))
+    out.print(CompareView([column]).final(out, 3.0))
+    screen = out.export_text()
+    assert "│ the connection broke after 5 events: Remote P… │" in screen  # cut to fit
+    assert "pwned" not in screen and "\x07" not in out.file.getvalue()  # type: ignore[attr-defined]
+    # Without a reason (an old result), the error or the status stands in.
+    other = Column("n", "n", started=0.0)
+    other.finish(StreamResult(Outcome.ERROR, error=StreamError("boom")), 1.0)
+    assert other.notes() == [("boom", "reason")]
+
+
+def test_flags_show_prominently_on_a_completed_column() -> None:
+    column = Column("m", "m", started=0.0, expected_choices=2)
+    from fanout import ChoiceResult
+    result = StreamResult(Outcome.COMPLETED, choices=(
+        ChoiceResult(0, text="hi", finish_reason="stop"), ChoiceResult(1, text="ho")),
+        flags=(Flag.UNFINISHED_CHOICE, Flag.MISSING_USAGE, Flag.SKIPPED_FRAMES),
+        skipped_frames=3)
+    _finish(column, result)
+    assert column.notes() == [("⚠ choice 1 unfinished", "flag"), ("no usage", "quiet"),
+                              ("⚠ 3 frames skipped", "flag")]
+    header = CompareView([column]).header(column, 3.0)
+    assert header.plain.splitlines()[-1] == "⚠ choice 1 unfinished · no usage · ⚠ 3 frames skipped"
+    assert _styles(header, "⚠ choice 1") == {"bold yellow"}
+    assert _styles(header, "no usage") == {"dim"}  # informational: subtle
+    one_line = CompareView([column]).header(column, 3.0, one_line=True).plain
+    assert "\n" not in one_line and one_line.endswith("· ⚠ 3 frames skipped")
+    empty = Column("e", "e", started=0.0, expected_choices=2)
+    _finish(empty, StreamResult(Outcome.COMPLETED, choices=(
+        ChoiceResult(0, finish_reason="stop"),), flags=(Flag.EMPTY_ANSWER, Flag.MISSING_CHOICES)))
+    assert [note for note, _ in empty.notes()] == ["⚠ empty answer", "⚠ 1 of 2 choices"]
+
+
+def test_the_summary_table_has_a_note_column_only_when_needed() -> None:
+    from fanout import ChoiceResult
+    good = Column("good", "m", started=0.0)
+    _finish(good, StreamResult(Outcome.COMPLETED, choices=(ChoiceResult(0, "x", "hi", "", "",
+                                                                        "stop"),)))
+    out = console(width=160)
+    out.print(summary_table([good], 3.0))
+    assert " note" not in out.export_text()
+    empty = Column("empty", "m", started=0.0)
+    _finish(empty, StreamResult(Outcome.COMPLETED, flags=(Flag.EMPTY_ANSWER,)))
+    cut = Column("cut", "m", started=0.0)
+    _finish(cut, StreamResult(Outcome.TRUNCATED, reason="[DONE] arrived but no choice had a "
+                              "finish reason (the server cut the stream)"), others=2)
+    out = console(width=200)
+    out.print(summary_table([good, empty, cut], 3.0))
+    table = out.export_text()
+    assert " note" in table.splitlines()[0]
+    assert "⚠ empty answer" in table
+    assert ("[DONE] arrived but no choice had a finish reason (the server cut the stream) · "
+            "cut while 2 other streams ran") in table
+
+
+@pytest.mark.parametrize(("result", "kind", "note"), [
+    (StreamResult(Outcome.TRUNCATED, reason="[DONE] arrived but no choice had a finish "
+                  "reason (the server cut the stream)"), "cut", "cut while 3 other streams ran"),
+    (StreamResult(Outcome.TRUNCATED, reason="the connection broke after 2 events: reset"),
+     "broke", "broke off while 3 other streams ran"),
+    (StreamResult(Outcome.COMPLETED, flags=(Flag.EMPTY_ANSWER,)), "empty",
+     "3 other streams ran"),
+])
+def test_a_stream_cut_while_others_ran_says_so_and_what_to_do(result: StreamResult, kind: str,
+                                                               note: str) -> None:
+    column = Column("m", "m", started=0.0)
+    _finish(column, result, others=3)
+    assert column.cut_while_others_ran == 3 and column.cut_kind == kind
+    assert column.notes()[-1] == (note, "cut")
+    body = CompareView([column]).body(column).plain
+    assert "3 other streams ran" in body and "one stream at a time" in body
+    assert body.endswith("compare fewer models at once, or set [concurrency] max = 1")
+    alone = Column("a", "a", started=0.0)
+    _finish(alone, result, others=0)  # nothing else ran: not a cut, no advice
+    assert alone.cut_while_others_ran == 0 and "one stream at a time" not in CompareView(
+        [alone]).body(alone).plain
+
+
+def test_a_completed_answer_or_a_timeout_is_no_cut() -> None:
+    from fanout import ChoiceResult
+    for result in (StreamResult(Outcome.COMPLETED, choices=(ChoiceResult(0, text="hi",
+                                                                         finish_reason="stop"),)),
+                   StreamResult(Outcome.TIMED_OUT, reason="no event within 1 s"),
+                   StreamResult(Outcome.ERROR, reason="HTTP 500: boom")):
+        column = Column("m", "m", started=0.0)
+        _finish(column, result, others=4)
+        assert column.cut_while_others_ran == 0
+
+
+def test_the_live_view_makes_room_for_the_note_line() -> None:
+    columns = [Column(f"m{i}", "m", started=0.0) for i in range(2)]
+    columns[0].apply(TextDelta(0, "\n".join(f"line {n}" for n in range(100))), 0.1)
+    _finish(columns[1], StreamResult(Outcome.TRUNCATED, reason="the body ended after 2 events"))
+    out = console(width=100, height=20)
+    out.print(CompareView(columns).live(out, 0.2))
+    screen = out.export_text().splitlines()
+    assert len(screen) <= 20 and "Ctrl-C stops all" in screen[-1]
+    assert any("the body ended after 2 events" in line for line in screen)

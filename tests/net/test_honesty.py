@@ -138,6 +138,17 @@ async def test_a_response_that_delivered_nothing_is_retried(
     assert [a.delivered_content for a in result.attempts] == [False, True]
 
 
+async def test_nothing_delivered_while_others_ran_is_left_to_the_caller(
+        autojump_clock: MockClock) -> None:
+    # A single-slot server cuts the running stream when another arrives: retrying the cut
+    # one at once would cut the other.  The result says others ran; the caller decides.
+    script = Script([stream((0.0, event(role="assistant")), (0.0, DONE)),
+                     stream(*text_steps(3, 1.0))])
+    results, _ = await run(script, request("cut"), request("other"), max_concurrency=2)
+    cut = next(r for r in results.values() if r.text == "")
+    assert (cut.outcome, len(cut.attempts), cut.others_running) == (Outcome.TRUNCATED, 1, 1)
+
+
 async def test_never_retried_after_content(autojump_clock: MockClock) -> None:
     script = Script([stream((0.0, event("a")), (0.0, httpx.RemoteProtocolError("cut"))),
                      stream(*text_steps(2, 0.1))])
