@@ -14,7 +14,7 @@ import contextlib
 import os
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
@@ -26,7 +26,7 @@ from rich.live import Live
 from rich.text import Text
 
 from .._exceptions import ConfigError
-from ..config import Config, ModelConfig, load_config
+from ..config import Config, ModelConfig, load_config, read_tools
 from ..core.events import Event
 from ..core.result import Flag, Outcome
 from ..fanout import Fanout, open_fanout
@@ -55,7 +55,7 @@ MODEL_HELP = ("a model of the config, by name or id (repeat; default: the config
               "fault/stall:3) and replay/<capture>; fanout mock --list lists them")
 #: The help of ``compare --tools FILE``.
 TOOLS_HELP = ("a JSON file with a list of OpenAI tool definitions, sent with every request "
-              "(over the config's [compare] tools and each model's tools)")
+              "(instead of the config's [compare] tools and each model's own tools)")
 #: The help of ``compare --full``.
 FULL_HELP = ("on a terminal, the final screen shows every line of every answer (by default "
              "runs of blank lines become one and each column shows at most 100 lines)")
@@ -116,6 +116,7 @@ def run_compare(options: CompareOptions, *, console: Console | None = None,
         config = load_config(options.config)
         models = config.select(options.models, default=config.compare)
         endpoint = config.endpoint(environ)
+        tools = read_tools(options.tools) if options.tools is not None else None
     except ConfigError as exc:
         for line in str(exc).splitlines() or [""]:  # one problem a line, each prefixed
             print(f"fanout compare: {inert(line)}", file=err)
@@ -126,7 +127,7 @@ def run_compare(options: CompareOptions, *, console: Console | None = None,
     messages.append({"role": "user", "content": options.prompt})
     if console is None:
         console = text_console(out, wide=True)  # off a terminal: the summary is never folded
-    session = _Session(config, models, messages, options, console, out)
+    session = _Session(config, models, messages, options, console, out, tools)
     try:
         trio.run(session.run, endpoint)
     except BaseException as exc:
@@ -175,8 +176,10 @@ def problems(columns: Sequence[Column]) -> list[str]:
 class _Session:
     def __init__(self, config: Config, models: Sequence[ModelConfig],
                  messages: list[dict[str, Any]], options: CompareOptions,
-                 console: Console, out: TextIO) -> None:
+                 console: Console, out: TextIO,
+                 tools: tuple[Mapping[str, Any], ...] | None = None) -> None:
         self.config = config
+        self.tools = tools
         self.models = models
         self.messages = messages
         self.options = options
@@ -189,7 +192,8 @@ class _Session:
     async def run(self, endpoint: Endpoint | None) -> None:
         async with open_endpoint(endpoint) as resolved:
             requests = [StreamRequest(m.name, m.id, self.messages, m.params,
-                                      deadlines=self.config.deadlines_for(m))
+                                      deadlines=self.config.deadlines_for(m),
+                                      tools=self.tools_for(m))
                         for m in self.models]
             now = trio.current_time()
             self.columns = [Column(m.name, m.id, started=now, expected_choices=_choices(m))
@@ -213,6 +217,14 @@ class _Session:
                     await self._consume(fan)
                     self._final(trio.current_time(), blocks=True)
                 nursery.cancel_scope.cancel()
+
+    def tools_for(self, model: ModelConfig) -> tuple[Mapping[str, Any], ...] | None:
+        """What a model's requests send as ``tools``: ``--tools``, else the model's own,
+        else ``[compare] tools``."""
+        for tools in (self.tools, model.tools, self.config.compare_tools):
+            if tools is not None:
+                return tools
+        return None
 
     def _interrupt(self, fan: Fanout) -> None:
         # Ctrl-C: cancel every stream, keep what arrived, show it.
