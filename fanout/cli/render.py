@@ -230,7 +230,7 @@ def wrap(text: Text, width: int) -> list[Text]:
     for line in plain.split("\n"):
         spans.extend((offset + a, offset + b) for a, b in _breaks(line, max(width, 1)))
         offset += len(line) + 1
-    if len(spans) == 1:
+    if spans == [(0, len(plain))]:
         return [text]
     points = sorted({point for span in spans for point in span})
     pieces = text.divide(points)
