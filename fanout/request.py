@@ -230,7 +230,8 @@ def content_key(base_url: str, model: str, messages: Sequence[Any],
     """A stable hash of what was asked (never of the key): equal requests, equal keys."""
     blob = json.dumps([base_url, model, messages, params, tools or []], sort_keys=True,
                       ensure_ascii=False, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+    # surrogatepass: a lone surrogate (valid in JSON text, "\ud800") hashes, never crashes
+    return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()[:20]
 
 
 @attrs.frozen

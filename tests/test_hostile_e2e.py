@@ -183,3 +183,12 @@ async def test_an_outside_cancel_at_random_moments_keeps_every_result(
             continue  # cancelled before the block opened: nothing was started
         assert sorted(box[0].results) == sorted(r.key for r in requests)
         assert set(finals.values()) <= {1}
+
+
+async def test_a_lone_surrogate_travels_both_ways(upstream: RunningUpstream) -> None:
+    # "\ud800" is valid JSON text: a prompt may hold one, and a server may send one back.
+    prompt = [{"role": "user", "content": "bad \ud800 text"}]
+    request = StreamRequest("s", "mock/echo", prompt)
+    assert request.content_key(endpoint(upstream))  # hashes, never crashes
+    result = (await run_fanout(endpoint(upstream), [request]))["s"]
+    assert (result.outcome, result.text) == (Outcome.COMPLETED, "bad \ud800 text")

@@ -37,7 +37,7 @@ from .common import only as _only
 from .records import event_record
 from .render import Column, CompareView, cut_advice, cut_line, inert, summary_table
 
-__all__ = ["FULL_HELP", "MODEL_HELP", "TOOLS_HELP", "CompareOptions", "read_prompt",
+__all__ = ["CompareOptions", "read_prompt",
            "run_compare"]
 
 #: Live redraws per second: on a timer, never once per chunk.
@@ -47,18 +47,6 @@ EXIT_INTERRUPTED = 130
 #: live TTFT counts from then, as the engine's counts from the request being sent.
 SLOT_POLL = 0.001
 
-#: The help of ``compare -m`` (for the command line's parser).
-MODEL_HELP = ("a model of the config, by name or id (repeat; default: the config's [compare] "
-              "models, else all). With the embedded upstream (base_url = \"embedded\", as in "
-              "the default config) any embedded model id works too, without a [[models]] "
-              "entry: mock/... (e.g. mock/fast, mock/tools), fault/... (e.g. fault/truncate, "
-              "fault/stall:3) and replay/<capture>; fanout mock --list lists them")
-#: The help of ``compare --tools FILE``.
-TOOLS_HELP = ("a JSON file with a list of OpenAI tool definitions, sent with every request "
-              "(instead of the config's [compare] tools and each model's own tools)")
-#: The help of ``compare --full``.
-FULL_HELP = ("on a terminal, the final screen shows every line of every answer (by default "
-             "runs of blank lines become one and each column shows at most 100 lines)")
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 

@@ -50,6 +50,13 @@ def _parser() -> argparse.ArgumentParser:
                          help="JSON Lines on stdout: one object per event, one per result")
     compare.add_argument("--no-reasoning", dest="reasoning", action="store_false",
                          help="hide reasoning text")
+    compare.add_argument("--tools", metavar="FILE",
+                         help="a JSON file with a list of OpenAI tool definitions, sent with "
+                              "every request (over the config's tools)")
+    compare.add_argument("--full", action="store_true",
+                         help="on a terminal, the final screen shows every line of every answer "
+                              "(by default blank runs collapse and each column stops at 100 "
+                              "lines)")
 
     batch = commands.add_parser(
         "batch", help="prompts x models x samples into a results file, resumable",
@@ -167,7 +174,7 @@ def _compare(args: argparse.Namespace) -> int:
         return 2
     return run_compare(CompareOptions(
         prompt=prompt, models=tuple(args.models), system=args.system, config=args.config,
-        json=args.json, reasoning=args.reasoning))
+        json=args.json, reasoning=args.reasoning, tools=args.tools, full=args.full))
 
 
 def _batch(args: argparse.Namespace) -> int:

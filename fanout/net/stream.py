@@ -48,6 +48,7 @@ from ..core.events import (
 )
 from ..core.parser import StreamParser
 from ..core.result import Attempt, Outcome, StreamError, StreamResult, Timings
+from ..records import dumps
 from ..request import Endpoint, StreamRequest, StreamSettings
 from .transport import ShardedTransport
 
@@ -318,7 +319,8 @@ class StreamRunner:
         if not self._traced:  # else from the trace hook: once a pooled connection is ours
             self._arm_request_deadlines(sent)
         ours = {**self.endpoint.headers, **self.request.headers}
-        headers = {**ours, "accept": "text/event-stream", "accept-encoding": "identity"}
+        headers = {**ours, "accept": "text/event-stream", "accept-encoding": "identity",
+                   "content-type": "application/json"}
         if self.endpoint.api_key:
             headers["authorization"] = f"Bearer {self.endpoint.api_key}"
         connect = deadlines.connect
@@ -327,9 +329,11 @@ class StreamRunner:
             self._attempt_scope = scope
             self._set_deadlines()
             try:
+                # Our own JSON writer: httpx's cannot encode a lone surrogate ("\ud800",
+                # valid in JSON, so a prompt may hold one); ours escapes it.
                 request = self.client.build_request(
-                    "POST", self.endpoint.chat_url, json=self.request.body(), headers=headers,
-                    timeout=timeout, extensions={"trace": self._trace})
+                    "POST", self.endpoint.chat_url, content=dumps(self.request.body()).encode(),
+                    headers=headers, timeout=timeout, extensions={"trace": self._trace})
                 if not any(name.lower() == "cookie" for name in ours):
                     # No stream sends what another stream's server set in the client's jar.
                     request.headers.pop("cookie", None)

@@ -206,7 +206,11 @@ class _Chunks:
         body = {**self.head, "choices": choices}
         if usage is not None:
             body["usage"] = usage
-        return b"data: " + orjson.dumps(body) + b"\n\n"
+        try:
+            data = orjson.dumps(body)
+        except TypeError:  # a lone surrogate to echo: JSON escapes it, orjson refuses it
+            data = json.dumps(body).encode()
+        return b"data: " + data + b"\n\n"
 
     def role(self, count: int) -> bytes:
         """The first chunk: the assistant role for ``count`` choices."""

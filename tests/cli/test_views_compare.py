@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from fanout.cli.compare import MODEL_HELP, CompareOptions, run_compare
+from fanout.cli.compare import CompareOptions, run_compare
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_stock_price", "description": "a stock's price",
@@ -112,9 +112,15 @@ def test_a_prompt_that_is_not_unicode_is_a_usage_error(tmp_path: Path) -> None:
     assert err.getvalue() == "fanout compare: PROMPT: not UTF-8 text\n"
 
 
-def test_the_model_help_says_embedded_ids_work() -> None:
-    for text in ("mock/", "fault/", "replay/", "fanout mock --list"):
-        assert text in MODEL_HELP
+def test_the_help_says_embedded_ids_work_and_names_tools_and_full() -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "fanout.cli.main", "compare", "--help"],
+                         capture_output=True, text=True, timeout=30, env={"COLUMNS": "300"},
+                         check=True).stdout
+    for text in ("mock/", "fault/", "replay/", "fanout mock --list", "--tools FILE", "--full"):
+        assert text in out
 
 
 # ------------------------------------------------------------ the engine's timings
