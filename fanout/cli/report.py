@@ -354,7 +354,7 @@ def report(path: str, *, as_json: bool, stdout: TextIO | None = None,
             say("not a fanout results file: no line is a record (an object with id, model, "
                 "sample, outcome and content_key)")
             return 2
-        say("no records" + (" (the file is empty)" if not reader.lines else ""))
+        say("no records" + (" (the file is empty)" if not reader.size else ""))
         return 1
     if as_json:
         text = json.dumps(summary, indent=2).replace("\x7f", "\\u007f")  # ASCII, inert

@@ -120,7 +120,8 @@ def _json_kind(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        return "an empty string" if not value else "a string"
+        return "an empty string" if not value else repr(value) if len(value) <= 20 \
+            else "a string"
     if isinstance(value, int | float):
         return "a number"
     return "an object" if isinstance(value, dict) else "a list"
@@ -260,10 +261,12 @@ class RecordReader:
         self.unreadable = Unreadable()
         self.records = 0
         self.lines = 0  # lines that are not blank
+        self.size = 0  # bytes read
         self.torn_bytes = 0
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         for line in scan(self._file):
+            self.size += line.size
             if line.record is not None:
                 self.records += 1
                 self.lines += 1
