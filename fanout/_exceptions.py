@@ -37,11 +37,16 @@ class FanoutError(Exception):
 
 @final
 class ConfigError(FanoutError):
-    """A config file, or the environment it names, is wrong.
+    """A config file (or a file it names, or the environment) is wrong.
 
-    The message is one line naming the file and the table or key at fault;
-    it never contains a secret.
+    The message is one line per problem (a file with several mistakes reports
+    every one of them at once), each naming the file and the table or key at
+    fault; it never contains a secret.  ``problems`` lists the lines.
     """
+
+    @property
+    def problems(self) -> list[str]:
+        return str(self).splitlines()
 
 
 class ProtocolError(FanoutError):

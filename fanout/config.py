@@ -41,11 +41,13 @@ a config file, and no error ever prints a variable's value.
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import os
 import re
 import tomllib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, final
 
@@ -54,7 +56,8 @@ import attrs
 from ._exceptions import ConfigError
 from .request import Deadlines, Endpoint
 
-__all__ = ["EMBEDDED", "Config", "ModelConfig", "find_config", "load_config", "parse_config"]
+__all__ = ["EMBEDDED", "Config", "ModelConfig", "check_tools", "find_config", "load_config",
+           "parse_config", "read_tools"]
 
 #: ``base_url = "embedded"``: start the embedded upstream in-process (no key, no network).
 EMBEDDED = "embedded"
@@ -108,6 +111,8 @@ class ModelConfig:
     concurrency: int | None = None
     #: The deadlines this model's table set (``None``: disabled), over ``[deadlines]``.
     deadline_overrides: Mapping[str, float | None] = attrs.field(factory=dict, repr=False)
+    #: OpenAI tool definitions sent with this model's requests (``None``: none).
+    tools: tuple[Mapping[str, Any], ...] | None = None
 
 
 @final
@@ -126,6 +131,10 @@ class Config:
     per_model_concurrency: int | None = None
     strict: bool = False
     require_finish_reason: bool = True
+    #: What ``fanout batch`` runs without ``-m`` (``[batch] models``; empty: every model).
+    batch: tuple[str, ...] = ()
+    #: ``[compare] tools``: sent with every compare request that has none of its own.
+    compare_tools: tuple[Mapping[str, Any], ...] | None = None
 
     @property
     def embedded(self) -> bool:
@@ -247,6 +256,7 @@ def parse_config(text: str, source: str = "<config>") -> Config:
 class _Checker:
     def __init__(self, source: str) -> None:
         self.source = source
+        self.problems: list[str] = []
 
     def fail(self, where: str, message: str) -> ConfigError:
         return ConfigError(f"{self.source}: {where}: {message}")
@@ -266,61 +276,125 @@ class _Checker:
             raise self.fail(name, f"must be a table ([{name}]), not {_kind(value)}")
         return value
 
+    @contextmanager
+    def section(self) -> Iterator[None]:
+        """Check one part; a mistake there is noted and the rest is still checked."""
+        try:
+            yield
+        except ConfigError as exc:
+            self.problems.extend(str(exc).splitlines())
+
     def config(self, data: Mapping[str, Any]) -> Config:
-        self.keys(data, "top level",
-                  ("endpoint", "deadlines", "concurrency", "parser", "compare", "models"))
-        endpoint = self.table(data, "endpoint")
-        self.keys(endpoint, "[endpoint]",
-                  ("base_url", "api_key_env", "headers", "require_finish_reason"))
-        require_finish_reason = endpoint.get("require_finish_reason", True)
-        if not isinstance(require_finish_reason, bool):
-            raise self.fail("[endpoint] require_finish_reason",
-                            f"must be true or false, not {_kind(require_finish_reason)}")
-        base_url = self.string(endpoint, "base_url", "[endpoint]")
-        if base_url is not None and base_url != EMBEDDED:
-            _check_url(base_url, f"{self.source}: [endpoint] base_url")
-        api_key_env = self.string(endpoint, "api_key_env", "[endpoint]")
-        if api_key_env is not None and not _ENV_NAME.match(api_key_env):
-            # Possibly the key itself pasted in: never echo it.
-            raise self.fail("[endpoint] api_key_env", "must be the *name* of an environment "
-                            "variable (like RELAY_API_KEY), not the key itself")
-        headers = self.headers(endpoint.get("headers", {}))
-
-        deadlines = Deadlines(**self.deadlines(self.table(data, "deadlines"), "[deadlines]"))
-        concurrency = self.table(data, "concurrency")
-        self.keys(concurrency, "[concurrency]", ("max", "per_model"))
-        parser = self.table(data, "parser")
-        self.keys(parser, "[parser]", ("strict",))
-        strict = parser.get("strict", False)
-        if not isinstance(strict, bool):
-            raise self.fail("[parser] strict", f"must be true or false, not {_kind(strict)}")
-
-        raw_models = data.get("models", [])
-        if not isinstance(raw_models, list):
-            raise self.fail("models", "must be an array of tables ([[models]])")
-        models = tuple(self.model(raw, number) for number, raw in enumerate(raw_models, 1))
-        seen: set[str] = set()
-        for model in models:
-            if model.name in seen:
-                raise self.fail("[[models]]", f"the name {model.name!r} is used twice")
-            seen.add(model.name)
-
-        compare = self.table(data, "compare")
-        self.keys(compare, "[compare]", ("models",))
-        compare_models = compare.get("models", [])
-        if not isinstance(compare_models, list) or not all(
-                isinstance(n, str) for n in compare_models):
-            raise self.fail("[compare] models", "must be an array of model names")
-        for name in compare_models:
-            if name not in seen:
-                raise self.fail("[compare] models", f"no model named {name!r}"
-                                f"{_did_you_mean(name, seen)} (known: {', '.join(seen)})")
+        """The whole file; every mistake in it is reported, one line each, in one error."""
+        base_url = api_key_env = None
+        headers: dict[str, str] = {}
+        require_finish_reason, strict = True, False
+        deadlines = Deadlines()
+        max_concurrency = per_model = None
+        models: list[ModelConfig] = []
+        compare_models: list[str] = []
+        compare_tools: tuple[Mapping[str, Any], ...] | None = None
+        batch_models: list[str] = []
+        with self.section():
+            self.keys(data, "top level", ("endpoint", "deadlines", "concurrency", "parser",
+                                          "compare", "batch", "models"))
+        with self.section():
+            endpoint = self.table(data, "endpoint")
+            self.keys(endpoint, "[endpoint]",
+                      ("base_url", "api_key_env", "headers", "require_finish_reason"))
+            with self.section():
+                require_finish_reason = self.boolean(endpoint, "require_finish_reason",
+                                                     "[endpoint]", True)
+            with self.section():
+                base_url = self.string(endpoint, "base_url", "[endpoint]")
+                if base_url is not None and base_url != EMBEDDED:
+                    _check_url(base_url, f"{self.source}: [endpoint] base_url")
+            with self.section():
+                api_key_env = self.string(endpoint, "api_key_env", "[endpoint]")
+                if api_key_env is not None and not _ENV_NAME.match(api_key_env):
+                    api_key_env = None  # possibly the key itself pasted in: never echo it
+                    raise self.fail("[endpoint] api_key_env", "must be the *name* of an "
+                                    "environment variable (like RELAY_API_KEY), not the key "
+                                    "itself")
+            with self.section():
+                headers = self.headers(endpoint.get("headers", {}))
+        with self.section():
+            deadlines = Deadlines(**self.deadlines(self.table(data, "deadlines"),
+                                                   "[deadlines]"))
+        with self.section():
+            concurrency = self.table(data, "concurrency")
+            self.keys(concurrency, "[concurrency]", ("max", "per_model"))
+            with self.section():
+                max_concurrency = self.count(concurrency, "max", "[concurrency]")
+            with self.section():
+                per_model = self.count(concurrency, "per_model", "[concurrency]")
+        with self.section():
+            parser = self.table(data, "parser")
+            self.keys(parser, "[parser]", ("strict",))
+            strict = self.boolean(parser, "strict", "[parser]", False)
+        with self.section():
+            raw_models = data.get("models", [])
+            if not isinstance(raw_models, list):
+                raise self.fail("models", "must be an array of tables ([[models]])")
+            for number, raw in enumerate(raw_models, 1):
+                with self.section():
+                    model = self.model(raw, number)
+                    if any(m.name == model.name for m in models):
+                        raise self.fail("[[models]]", f"the name {model.name!r} is used twice")
+                    models.append(model)
+        names = [m.name for m in models]
+        with self.section():
+            compare = self.table(data, "compare")
+            self.keys(compare, "[compare]", ("models", "tools"))
+            with self.section():
+                compare_models = self.model_names(compare, "[compare] models", names)
+            with self.section():
+                compare_tools = self.tools(compare.get("tools"), "[compare] tools")
+        with self.section():
+            batch = self.table(data, "batch")
+            self.keys(batch, "[batch]", ("models",))
+            batch_models = self.model_names(batch, "[batch] models", names)
+        if self.problems:
+            raise ConfigError("\n".join(self.problems))
         return Config(
             source=self.source, base_url=base_url, api_key_env=api_key_env, headers=headers,
-            models=models, compare=tuple(compare_models), deadlines=deadlines,
-            max_concurrency=self.count(concurrency, "max", "[concurrency]"),
-            per_model_concurrency=self.count(concurrency, "per_model", "[concurrency]"),
-            strict=strict, require_finish_reason=require_finish_reason)
+            models=tuple(models), compare=tuple(compare_models), deadlines=deadlines,
+            max_concurrency=max_concurrency, per_model_concurrency=per_model, strict=strict,
+            require_finish_reason=require_finish_reason, batch=tuple(batch_models),
+            compare_tools=compare_tools)
+
+    def boolean(self, table: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
+        value = table.get(key, default)
+        if not isinstance(value, bool):
+            raise self.fail(f"{where} {key}", f"must be true or false, not {_kind(value)}")
+        return value
+
+    def model_names(self, table: Mapping[str, Any], where: str, known: list[str]) -> list[str]:
+        names = table.get("models", [])
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise self.fail(where, "must be an array of model names")
+        for name in names:
+            if name not in known:
+                raise self.fail(where, f"no model named {name!r}{_did_you_mean(name, known)} "
+                                f"(known: {', '.join(known)})")
+        return names
+
+    def tools(self, value: Any, where: str) -> tuple[Mapping[str, Any], ...] | None:
+        """``tools``: an array of OpenAI tool definitions, or the path of a JSON file of
+        them (relative to the config file)."""
+        if value is None:
+            return None
+        if isinstance(value, str):
+            base = Path(self.source).parent if self.source not in ("<config>",) else Path()
+            path = base / value
+            try:
+                return read_tools(path)
+            except ConfigError as exc:
+                raise self.fail(where, str(exc)) from None
+        try:
+            return check_tools(value)
+        except ValueError as exc:
+            raise self.fail(where, str(exc)) from None
 
     def model(self, raw: Any, number: int) -> ModelConfig:
         where = f"[[models]] #{number}"
@@ -333,7 +407,8 @@ class _Checker:
             return f" (request parameters go under params: params = {{ {key} = ... }})" \
                 if key in _PARAM_NAMES else ""
 
-        self.keys(raw, where, ("name", "id", "params", "deadlines", "concurrency"), hint)
+        self.keys(raw, where, ("name", "id", "params", "deadlines", "concurrency", "tools"),
+                  hint)
         name = self.string(raw, "name", where, required=True)
         model_id = self.string(raw, "id", where, required=True)
         assert name is not None and model_id is not None
@@ -352,7 +427,8 @@ class _Checker:
         return ModelConfig(name=name, id=model_id, params=params,
                            deadlines=Deadlines(**overrides) if overrides else None,
                            concurrency=self.count(raw, "concurrency", where),
-                           deadline_overrides=overrides)
+                           deadline_overrides=overrides,
+                           tools=self.tools(raw.get("tools"), f"{where} tools"))
 
     def string(self, table: Mapping[str, Any], key: str, where: str, *,
                required: bool = False) -> str | None:
@@ -399,6 +475,62 @@ class _Checker:
             if not isinstance(header, str):
                 raise self.fail(f"{where} {name}", f"must be a string, not {_kind(header)}")
         return dict(value)
+
+
+def read_tools(path: str | os.PathLike[str]) -> tuple[Mapping[str, Any], ...]:
+    """The OpenAI tool definitions in a JSON file (a list), checked; ``ConfigError``
+    with one line naming the file and what is wrong."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, not a tools file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"{path}: not JSON: {exc}") from None
+    try:
+        return check_tools(value)
+    except ValueError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+def check_tools(value: Any) -> tuple[Mapping[str, Any], ...]:
+    """``value`` as OpenAI tool definitions: a list of ``{"type": "function", "function":
+    {"name": ..., "parameters": <a JSON Schema>}}``; ``ValueError`` naming the entry."""
+    import jsonschema  # only where tools are used
+
+    if not isinstance(value, list):
+        raise ValueError(f"tools must be a list of tool definitions, not {_kind(value)}")
+    names: set[str] = set()
+    for index, tool in enumerate(value):
+        where = f"tools[{index}]"
+        if not isinstance(tool, dict):
+            raise ValueError(f"{where}: must be an object, not {_kind(tool)}")
+        if tool.get("type", "function") != "function":
+            raise ValueError(f"{where} type: must be \"function\", not {_kind(tool['type'])}")
+        function = tool.get("function")
+        if not isinstance(function, dict):
+            raise ValueError(f"{where}: needs a \"function\" object with a name")
+        name = function.get("name")
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
+            raise ValueError(f"{where} function.name: must be 1-64 letters, digits, _ or -, "
+                             f"not {_kind(name)}")
+        if name in names:
+            raise ValueError(f"{where} function.name: {name!r} is defined twice")
+        names.add(name)
+        parameters = function.get("parameters", {"type": "object"})
+        if not isinstance(parameters, dict):
+            raise ValueError(f"{where} function.parameters: must be a JSON Schema object")
+        try:
+            jsonschema.validators.validator_for(parameters).check_schema(parameters)
+        except jsonschema.exceptions.SchemaError as exc:
+            raise ValueError(f"{where} function.parameters: not a valid JSON Schema: "
+                             f"{exc.message}") from None
+    return tuple(value)
 
 
 def _check_url(url: str, where: str) -> None:

@@ -249,16 +249,23 @@ class Fanout:
         Waits while ``max_queued`` submitted streams wait for a concurrency slot
         beyond the ``max_concurrency`` that run (so a producer loop is bounded by
         default, also when the consumer is slower than the streams), then starts
-        the stream and returns its handle.  A key already in the fan-out (running,
-        or finished and not forgotten) is a ``ValueError``; so is one submitted
-        twice while waiting here.
+        the stream and returns its handle.  Cancelled, it raises only while it
+        waits for room, before anything was started: a stream ``submit`` started,
+        it always returns.  A key already in the fan-out (running, or finished and
+        not forgotten) is a ``ValueError``; so is one submitted twice while
+        waiting here.
         """
         if self._sealed:
             raise RuntimeError("this fan-out is sealed: open it with accept_more=True and "
                                "submit before calling seal()")
         if request.key in self._runners:
             raise ValueError(f"stream key {request.key!r} is already in this fan-out")
-        await self._queue_room.acquire()
+        waited = False
+        try:
+            self._queue_room.acquire_nowait()
+        except trio.WouldBlock:
+            await self._queue_room.acquire()  # cancellable: then nothing was started
+            waited = True
         try:
             if self._sealed:
                 raise RuntimeError("this fan-out was sealed while submit waited for room")
@@ -267,6 +274,10 @@ class Fanout:
             self._queue_room.release()
             raise
         self._holding_room.add(runner)
+        if not waited:
+            # A schedule point that cannot raise: once started, submit returns the handle,
+            # so a caller cancelled here never loses track of a stream that runs.
+            await trio.lowlevel.cancel_shielded_checkpoint()
         return StreamHandle(self, runner)
 
     def handle(self, key: str) -> StreamHandle:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -207,3 +208,55 @@ def test_unreadable_files(tmp_path: Path) -> None:
     binary.write_bytes(b"[endpoint]\nbase_url = '\xff'\n")
     with pytest.raises(ConfigError, match="not UTF-8 text"):
         load_config(binary)
+
+
+def test_every_mistake_of_a_file_is_reported_at_once() -> None:
+    text = ("[endpoint]\nbase_url = 'ftp://x'\nrequire_finish_reason = 'no'\n"
+            "[deadlines]\nidel = 3\n[concurrency]\nmax = 0\n"
+            "[[models]]\nname = 'a'\nid = 'x'\ntemperature = 1\n"
+            "[[models]]\nname = 'b'\n"
+            "[compare]\nmodels = ['c']\n")
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text, "f.toml")
+    problems = caught.value.problems
+    assert len(problems) == 7, problems
+    assert all(line.startswith("f.toml: ") for line in problems)
+    assert [p.split(":")[1].strip() for p in problems] == [
+        "[endpoint] require_finish_reason", "[endpoint] base_url", "[deadlines]",
+        "[concurrency] max", "[[models]] #1 (a)", "[[models]] #2 (b)", "[compare] models"]
+
+
+def test_batch_models_and_tools(tmp_path: Path) -> None:
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]
+    (tmp_path / "tools.json").write_text(json.dumps(tools))
+    path = tmp_path / "f.toml"
+    path.write_text("[batch]\nmodels = ['a']\n[compare]\ntools = 'tools.json'\n"
+                    "[[models]]\nname = 'a'\nid = 'x'\n"
+                    "[[models]]\nname = 'b'\nid = 'y'\n"
+                    "tools = [{ type = 'function', function = { name = 'f' } }]\n")
+    config = load_config(path)
+    assert config.batch == ("a",)
+    assert config.compare_tools == tuple(tools)
+    assert config.model("b").tools == ({"type": "function", "function": {"name": "f"}},)
+    assert config.model("a").tools is None
+
+
+@pytest.mark.parametrize(("tools", "message"), [
+    ("{}", "tools must be a list of tool definitions, not a table"),
+    ("[1]", "tools[0]: must be an object, not 1"),
+    ('[{"function": {"name": "has space"}}]', "tools[0] function.name: must be 1-64 letters"),
+    ('[{"function": {"name": "f", "parameters": {"type": 12}}}]',
+     "tools[0] function.parameters: not a valid JSON Schema"),
+    ('[{"function": {"name": "f"}}, {"function": {"name": "f"}}]', "'f' is defined twice"),
+    ("not json", "not JSON"),
+])
+def test_a_bad_tools_file_is_one_line_naming_it(tmp_path: Path, tools: str, message: str) -> None:
+    from fanout.config import read_tools
+
+    path = tmp_path / "tools.json"
+    path.write_text(tools)
+    with pytest.raises(ConfigError) as caught:
+        read_tools(path)
+    assert str(caught.value).startswith(f"{path}: ") and message in str(caught.value)
+    assert "\n" not in str(caught.value)

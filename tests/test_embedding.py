@@ -228,3 +228,25 @@ async def test_one_shared_client_serves_many_fan_outs(upstream: RunningUpstream)
                     pass
             assert fan.results[f"r{round_number}"].outcome is Outcome.COMPLETED
         assert not client.is_closed  # fanout never closes a client you pass
+
+
+async def test_submit_never_strands_a_stream_it_started(autojump_clock: MockClock) -> None:
+    # Cancelled, submit raises only while it waits for room, before starting anything;
+    # a stream it started, it always returns the handle of.
+    script = Script([stream(*text_steps(3, 1.0))])
+    async with script.client() as client, open_fanout(
+            ENDPOINT, client=client, accept_more=True, max_concurrency=1, max_queued=1) as fan:
+        handles = []
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            handles.append(await fan.submit(request("a")))  # room: started, returned
+            handles.append(await fan.submit(request("b")))
+            await fan.submit(request("c"))  # no room: waits, is cancelled, starts nothing
+        assert [h.key for h in handles] == ["a", "b"]
+        assert set(fan.running) | set(fan.queued) == {"a", "b"}
+        with pytest.raises(KeyError):
+            fan.handle("c")
+        fan.seal()
+        async for _ in fan.events:
+            pass
+    assert sorted(fan.results) == ["a", "b"]

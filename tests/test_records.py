@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import attrs
 
 from fanout import Timings, parse_stream
@@ -53,3 +56,33 @@ def test_dumps_escapes_what_a_terminal_or_an_encoder_must_not_get() -> None:
         assert raw not in line
     assert dumps_bytes({"text": hostile}) == (line + "\n").encode()
     assert dumps_bytes({"text": "plain"}) == b'{"text":"plain"}\n'  # the fast path
+
+
+def test_real_json_output_holds_every_record_type_the_readme_lists(tmp_path: Path) -> None:
+    # `fanout compare --json` against embedded models that between them produce every
+    # kind of event: each line parses, keeps its own type, and every listed type occurs.
+    import re
+    import subprocess
+    import sys
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    listed_line = next(line for line in readme.splitlines() if "`started`, `response`" in line)
+    block = readme[readme.index(listed_line):readme.index("each with `stream`", readme.index(
+        listed_line))]
+    listed = set(re.findall(r"`([a-z_]+)`", block)) | {"result"}
+    models = ["mock/reasoning", "mock/tools", "mock/refusal", "fault/garbage", "fault/429:1",
+              "fault/error-event"]
+    config = tmp_path / "all.toml"
+    config.write_text('[endpoint]\nbase_url = "embedded"\n' + "".join(
+        f'[[models]]\nname = "m{i}"\nid = "{model}"\n' for i, model in enumerate(models)))
+    picks = [arg for i in range(len(models)) for arg in ("-m", f"m{i}")]
+    out = subprocess.run([sys.executable, "-m", "fanout.cli.main", "compare", "hi", "--json",
+                          "--config", str(config), *picks],
+                         capture_output=True, text=True, timeout=120, check=False)
+    records = [json.loads(line) for line in out.stdout.splitlines()]
+    seen = {record["type"] for record in records}
+    assert listed <= seen, listed - seen
+    assert seen <= listed, seen - listed  # no record type the README does not name
+    assert all(record["stream"] for record in records)
+    assert {r["stream"] for r in records if r["type"] == "result"} == {
+        f"m{i}" for i in range(len(models))}

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import trio
 
-from ..upstream.capture import PACKAGED_CAPTURES
+from .. import __version__
+from ..upstream.capture import PACKAGED_CAPTURES, Capture, find_captures
 from ..upstream.fragment import MODES, Fragmenter
 from ..upstream.models import MODELS
 from ..upstream.server import RunningUpstream, serve_upstream
@@ -27,6 +28,7 @@ __all__ = ["main"]
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fanout", description=(
         "Stream chat completions from many models at once, through one endpoint and one key."))
+    parser.add_argument("--version", action="version", version=f"fanout {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     compare = commands.add_parser(
         "compare", help="one prompt, several models, side by side as they stream",
@@ -38,7 +40,9 @@ def _parser() -> argparse.ArgumentParser:
                          help="the prompt; - reads standard input, @FILE reads a file")
     compare.add_argument("-m", "--model", dest="models", action="append", default=[],
                          metavar="NAME", help="a model of the config (repeat; default: the "
-                         "config's [compare] models, else all)")
+                         "config's [compare] models, else all); with the embedded upstream, "
+                         "any of its model ids too: mock/..., fault/..., replay/<capture> "
+                         "(fanout mock --list shows them)")
     compare.add_argument("--system", metavar="TEXT", help="a system message before the prompt")
     compare.add_argument("--config", metavar="FILE", help="config file (default: ./fanout.toml, "
                          "else config/default.toml, else the built-in embedded default)")
@@ -60,7 +64,9 @@ def _parser() -> argparse.ArgumentParser:
                        help='one JSON object a line: {"id": ..., "prompt": "..."} or '
                             '{"id": ..., "messages": [...]}, optional system, params, tools')
     batch.add_argument("-m", "--model", dest="models", action="append", default=[],
-                       metavar="NAME", help="a model of the config (repeat; default: all)")
+                       metavar="NAME", help="a model of the config (repeat; default: the "
+                       "config's [batch] models, else all); with the embedded upstream, any "
+                       "of its model ids too")
     batch.add_argument("-o", "--output", required=True, metavar="RESULTS.jsonl",
                        help="results file (appended to; resumed from)")
     batch.add_argument("--samples", type=int, default=1, metavar="K",
@@ -105,7 +111,10 @@ def _mock(args: argparse.Namespace) -> int:
     if args.list:
         for spec in MODELS.values():
             print(f"{spec.id:26} {spec.description}")
-        print(f"{'replay/<capture>':26} a recorded stream with its timing (:x0 = no delays)")
+        print(f"{'replay/<capture>':26} a recorded stream with its timing (:x0 = no delays):")
+        for name, path in sorted(find_captures([PACKAGED_CAPTURES, *args.captures]).items()):
+            capture = Capture.load(path)
+            print(f"  {'replay/' + name:36} HTTP {capture.status}, {len(capture.body):,} bytes")
         return 0
     try:
         Fragmenter(args.fragment)

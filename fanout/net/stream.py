@@ -39,6 +39,7 @@ import trio
 from .._exceptions import ProtocolError
 from ..core.events import (
     CONTENT_EVENTS,
+    ErrorReported,
     Event,
     StreamFinished,
     StreamRetrying,
@@ -76,6 +77,7 @@ class _AttemptEnd:
     body_started: bool = False
     broken: bool = False  # a transport error after a 2xx response began
     connect_failed: bool = False
+    unreported: bool = False  # ``error`` was found here, not sent as an event yet
 
 
 class StreamRunner:
@@ -217,6 +219,10 @@ class StreamRunner:
             self._current = (number, waited)
             self.state, self.attempt, self.status = "connecting", number, None
             await self._attempt(number, parser, end)
+            if end.error is not None and end.unreported:
+                # HTTP statuses, transport errors and deadlines are errors the consumer
+                # sees as events too, not only on the result (in-stream ones already were).
+                await self.emit(ErrorReported(end.error, self.key, self.content_key))
             end.retryable = self._retryable(end, parser)
             attempts.append(Attempt(number, end.status, end.error, waited, end.delivered))
             if not (end.retryable and self.retry.allows(end.status, number)):
@@ -338,13 +344,16 @@ class StreamRunner:
                     await response.aclose()
             except httpx.ConnectTimeout:
                 end.timed_out = "connect"
+                end.unreported = True
                 end.error = self._fail(parser, StreamError(
                     f"no connection within {connect:g} s" if connect else "connect timed out",
                     "timeout", "connect"))
             except httpx.ConnectError as exc:
                 end.connect_failed = True
+                end.unreported = True
                 end.error = self._fail(parser, _transport_error(exc))
             except httpx.TransportError as exc:
+                end.unreported = True
                 end.error = self._fail(parser, _transport_error(exc))
                 # The connection broke after a 2xx began the stream: the body was cut short.
                 end.broken = end.status is not None and 200 <= end.status < 300
@@ -356,6 +365,7 @@ class StreamRunner:
             limit = getattr(deadlines, name)
             what = {"first_byte": "no first byte", "first_token": "no first token",
                     "idle": "no event"}[name]
+            end.unreported = True
             end.error = self._fail(parser, StreamError(f"{what} within {limit:g} s", "timeout",
                                                        name))
         self._mark("end")
@@ -373,10 +383,12 @@ class StreamRunner:
                                            self.key, self.content_key)], end)
         inflater = _Inflater.for_encoding(response.headers.get("content-encoding", ""))
         if isinstance(inflater, StreamError):
+            end.unreported = True
             end.error = self._fail(parser, inflater)
             return
         if not 200 <= response.status_code < 300:
             body = await _read_bounded(response, MAX_ERROR_BODY, inflater)
+            end.unreported = True
             end.error = parser.fail_http(response.status_code, body,
                                          response.reason_phrase).error
             end.retry_after = self.retry.retry_after(response.headers)
@@ -427,6 +439,7 @@ class StreamRunner:
                     break
             if inflater is not None and inflater.error is not None and not parser.stopped:
                 parser.fail(inflater.error)
+                end.unreported = True
             if parser.stopped:
                 # Stop reading by cancelling, never by `break` or an exception
                 # out of this loop: either would leave httpx's nested async
@@ -462,6 +475,7 @@ class StreamRunner:
                     end.answered = True
                     self._mark("first_text")
                     break
+
         rest = self._send_ready(events)
         if rest:
             await self._deliver_waiting(rest)

@@ -113,6 +113,8 @@ class _Choice:
         return "".join(p[1] for p in self.parts if p[0] == "reasoning")
 
 
+REFUSAL = "I can't help with that request, but I can help with a related question."
+
 def _limit(choice: _Choice, request: ChatRequest, natural: int) -> None:
     """Cut a text answer at ``max_tokens`` (one part is one token) -> finish ``length``."""
     if request.max_tokens is not None and request.max_tokens < natural:
@@ -134,6 +136,9 @@ def _text(request: ChatRequest, index: int, kind: str) -> _Choice:
         pieces = fragments(rng, request.tokens or rng.randint(30, 90))
     if kind == "reasoning":
         choice.parts = [("reasoning", f) for f in cut(rng, " ".join(REASONING))]
+    if kind == "refusal":
+        choice.parts = [("refusal", f) for f in cut(rng, REFUSAL)]
+        return choice
     choice.parts += [("content", p) for p in pieces]
     _limit(choice, request, len(choice.parts))
     return choice
@@ -222,6 +227,8 @@ class _Chunks:
             delta: dict[str, Any] = {"tool_calls": [call]}
         elif part[0] == "reasoning":
             delta = {"reasoning_content": part[1]}
+        elif part[0] == "refusal":
+            delta = {"refusal": part[1]}
         else:
             delta = {"content": part[1]}
         return self.event([{"index": index, "delta": delta, "logprobs": None,
@@ -279,6 +286,9 @@ def _completion(request: ChatRequest, answers: list[_Choice]) -> Plan:
         message: dict[str, Any] = {"role": "assistant", "content": answer.content or None}
         if answer.reasoning:
             message["reasoning_content"] = answer.reasoning
+        refusal = "".join(p[1] for p in answer.parts if p[0] == "refusal")
+        if refusal:
+            message["refusal"] = refusal
         calls: dict[int, dict[str, Any]] = {}
         for part in answer.parts:
             if part[0] == "tool":
@@ -914,6 +924,7 @@ MODELS: dict[str, ModelSpec] = {spec.id: spec for spec in [
     ModelSpec("mock/echo", "repeats the last user message", _scripted("echo")),
     ModelSpec("mock/reasoning", "reasoning deltas first, then the answer",
               _scripted("reasoning")),
+    ModelSpec("mock/refusal", "refuses: refusal deltas, no content", _scripted("refusal")),
     ModelSpec("mock/tools", "two parallel tool calls, argument fragments interleaved",
               _scripted("tools")),
     ModelSpec("mock/length", "stops at max_tokens (default 16): finish_reason length",

@@ -12,6 +12,7 @@ import pytest
 
 from fanout import Outcome, parse_stream
 from fanout.upstream import MODELS
+from tests.captures import names
 
 COMMAND = [sys.executable, "-m", "fanout.cli.main", "mock"]
 
@@ -57,7 +58,23 @@ def test_mock_list_names_every_model() -> None:
     out = subprocess.run([*COMMAND, "--list"], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0
     listed = {line.split()[0] for line in out.stdout.splitlines()}
-    assert set(MODELS) | {"replay/<capture>"} == listed
+    replays = {f"replay/{name}" for name in names()}
+    assert set(MODELS) | {"replay/<capture>"} | replays == listed
+    assert "  replay/15_interrupted_first" in out.stdout  # every capture, by name
+
+
+def test_fanout_version() -> None:
+    import fanout
+
+    out = subprocess.run([sys.executable, "-m", "fanout.cli.main", "--version"],
+                         capture_output=True, text=True, timeout=30)
+    assert (out.returncode, out.stdout) == (0, f"fanout {fanout.__version__}\n")
+
+
+def test_compare_help_says_embedded_model_ids_work() -> None:
+    out = subprocess.run([sys.executable, "-m", "fanout.cli.main", "compare", "--help"],
+                         capture_output=True, text=True, timeout=30, env={"COLUMNS": "200"})
+    assert "mock/..., fault/..., replay/<capture>" in out.stdout
 
 
 @pytest.mark.parametrize(

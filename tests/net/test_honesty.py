@@ -401,3 +401,22 @@ async def test_endpoint_switch_accepts_done_alone(autojump_clock: MockClock) -> 
     strict_results, _ = await run(Script([stream(*body)]))
     assert strict_results["s"].outcome is Outcome.TRUNCATED
 
+
+
+async def test_http_transport_and_deadline_errors_are_events_too(
+        autojump_clock: MockClock) -> None:
+    from fanout import ErrorReported, StreamRetrying
+
+    script = Script([status(503), stream((0.0, event("a")), (0.0, httpx.ReadError("cut")))])
+    _, events = await run(script, retry=RetryPolicy(jitter=False))
+    kinds = [type(e).__name__ for e in events if isinstance(e, ErrorReported | StreamRetrying)]
+    assert kinds == ["ErrorReported", "StreamRetrying", "ErrorReported"]
+    errors = [e.error for e in events if isinstance(e, ErrorReported)]
+    assert (errors[0].status, errors[1].type) == (503, "transport_error")
+    in_stream = Script([stream((0.0, event("a")), (0.0, b'data: {"error": {"message": "x"}}\n\n'))])
+    _, events = await run(in_stream)
+    assert sum(isinstance(e, ErrorReported) for e in events) == 1  # sent once, not twice
+    slow = Script([stream((5.0, event("late")))])
+    _, events = await run(slow, deadlines=Deadlines(first_byte=1.0), retry=RetryPolicy(attempts=1))
+    [timeout] = [e for e in events if isinstance(e, ErrorReported)]
+    assert (timeout.error.type, timeout.error.code) == ("timeout", "first_byte")
