@@ -52,7 +52,7 @@ from .common import only as _only
 from .prompts import Prompt, PromptFileError, load_prompts
 from .ratelimit import AdaptiveLimit, EndpointLimit
 from .records import result_record
-from .render import cut_line, inert
+from .render import cut_line
 from .report import model_summary, printable, summary_console, summary_view
 from .results import (
     RecordReader,
@@ -106,7 +106,7 @@ class Work:
         return StreamRequest(self.key, self.model.id, self.prompt.messages,
                              {**self.model.params, **self.prompt.params},
                              deadlines=config.deadlines_for(self.model),
-                             tools=self.prompt.tools)
+                             tools=self.prompt.tools or self.model.tools)
 
 
 def plan_work(prompts: Sequence[Prompt], models: Sequence[ModelConfig], samples: int,
@@ -115,7 +115,9 @@ def plan_work(prompts: Sequence[Prompt], models: Sequence[ModelConfig], samples:
 
     ``content_key`` hashes what is asked (endpoint, model id, messages,
     params, tools; never the key, nor the embedded upstream's port), so a
-    changed prompt or parameter is redone on resume.
+    changed prompt or parameter is redone on resume.  A prompt's ``tools`` are
+    sent instead of the model's (``[[models]] tools``), as its params go over
+    the model's.
     """
     where = config.base_url or "OPENAI_BASE_URL"
     work = []
@@ -123,7 +125,7 @@ def plan_work(prompts: Sequence[Prompt], models: Sequence[ModelConfig], samples:
         for model in models:
             params = {**model.params, **prompt.params}
             asked = content_key(where, model.id, list(prompt.messages), params,
-                                list(prompt.tools or ()))
+                                list(prompt.tools or model.tools or ()))
             for sample in range(samples):
                 key = work_key(prompt.id, model.name, sample)
                 if shard is None or shard_of(key, shard[1]) == shard[0]:
@@ -204,10 +206,10 @@ def run_batch(options: BatchOptions, *, stdout: TextIO | None = None,
             return fail(f"{flag} must be >= 1, not {value}")
     try:
         config = load_config(options.config)
-        models = config.select(options.models, default=_batch_models(config))
+        models = config.select(options.models, default=config.batch)
         endpoint = config.endpoint(environ)
     except ConfigError as exc:
-        for line in str(exc).splitlines() or [""]:  # one problem a line
+        for line in exc.problems or [str(exc)]:  # one problem a line
             say(line)
         return 2
     try:
@@ -236,11 +238,6 @@ def run_batch(options: BatchOptions, *, stdout: TextIO | None = None,
                     console, progress_console)
     finally:
         writer.close()
-
-
-def _batch_models(config: Config) -> tuple[str, ...]:
-    """The models a run without ``-m`` runs: the config's ``[batch] models`` (else all)."""
-    return tuple(getattr(config, "batch_models", None) or ())
 
 
 def unsendable(prompts: Sequence[Prompt], models: Sequence[ModelConfig],
@@ -401,10 +398,10 @@ def not_completed(finals: dict[str, _Final], total: int, ran: Counter[str], *,
     Running the same command again is advised only for what it can fix.  It
     cannot fix a request the server refuses as sent (HTTP 4xx but 408, 409 and
     429), nor a model that failed every one of its units this run the same way
-    (the same state and HTTP status, at least 2 of them): the next run would
-    send the same requests to the same model.  Anything else (a stream cut,
-    timed out, a 5xx, a failure some units of the model did not meet) may go
-    the other way next time.
+    (the same state and HTTP status, at least 2 of them; the requests it
+    refused aside): the next run would send the same requests to the same
+    model.  Anything else (a stream cut, timed out, a 5xx, a failure some units
+    of the model did not meet) may go the other way next time.
     """
     lines = [f"{len(finals)} of {total} streams are not completed"]
     by_model: dict[str, list[_Final]] = {}
@@ -413,35 +410,49 @@ def not_completed(finals: dict[str, _Final], total: int, ran: Counter[str], *,
     hopeless = 0
     for model, failed in by_model.items():
         refused = [f for f in failed if f.status in FINAL_STATUSES]
-        same = {(f.state, f.status) for f in failed}
-        example = next((f for f in failed if f.reason), failed[0])
-        why = f" ({cut_line(inert(example.reason), 160)})" if example.reason else ""
-        name = inert(model)
-        if len(failed) == ran[model] >= 2 and len(same) == 1:
+        name = printable(model)
+        if _all_the_same(failed, ran[model]):
             hopeless += len(failed)
-            hint = ("; --accept-empty counts empty answers as done"
-                    if example.state == "empty" and not accept_empty else "")
-            lines.append(f"{name}: all {len(failed)} of its streams this run "
-                         f"{_ended(example.state)}{why}: running the same command again will "
-                         f"not help{hint}")
-        elif refused:
+            lines.append(_same_way(name, failed, "", accept_empty=accept_empty))
+            continue
+        if refused:
             hopeless += len(refused)
             statuses = sorted({f.status for f in refused if f.status is not None})
             reason = refused[0].reason
             why = f"HTTP {', '.join(map(str, statuses))}"
             if reason:
-                reason = cut_line(inert(reason), 160)
+                reason = cut_line(printable(reason), 160)
                 why = f"{why}; e.g. {reason}" if len(statuses) > 1 else reason
             lines.append(f"{name}: {len(refused)} request{'s' if len(refused) != 1 else ''} "
                          f"refused as sent ({why}): running again sends "
                          f"{'them' if len(refused) != 1 else 'it'} unchanged; fix the "
                          "prompt, the params or the model")
+            others = [f for f in failed if f.status not in FINAL_STATUSES]
+            if others and _all_the_same(others, ran[model] - len(refused)):
+                hopeless += len(others)
+                lines.append(_same_way(name, others, "other ", accept_empty=accept_empty))
     rest = len(finals) - hopeless
     if rest and not hopeless:
         lines[0] += "; run the same command again to redo them"
     elif rest:
         lines.append(f"run the same command again to redo the other {rest}")
     return lines
+
+
+def _all_the_same(failed: list[_Final], ran: int) -> bool:
+    """Every one of the model's units that ended this run (at least 2) is in ``failed``,
+    and all ended the same way."""
+    return len(failed) == ran >= 2 and len({(f.state, f.status) for f in failed}) == 1
+
+
+def _same_way(name: str, failed: list[_Final], other: str, *, accept_empty: bool) -> str:
+    example = next((f for f in failed if f.reason), failed[0])
+    why = f" ({cut_line(printable(example.reason), 160)})" if example.reason else ""
+    hint = ("; --accept-empty counts empty answers as done"
+            if example.state == "empty" and not accept_empty else "")
+    return (f"{name}: all {len(failed)} of its {other}streams this run "
+            f"{_ended(example.state)}{why}: running the same command again will not help"
+            f"{hint}")
 
 
 def _ended(state: str) -> str:
@@ -728,7 +739,7 @@ class _Session:
                              f" still cut after {MAX_REDOS} redos")
         for name, count in self.excused.items():
             if count:
-                lines.append(f"{inert(name)}: {count} of its streams that ended while others "
+                lines.append(f"{printable(name)}: {count} of its streams that ended while others "
                              "ran were redone; it ends that way alone too, so it was not the "
                              "server cutting them" + (
                                  f"; concurrency is back to {self.endpoint.limit}"

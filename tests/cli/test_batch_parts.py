@@ -560,3 +560,39 @@ async def test_a_relay_that_drops_usage_on_a_cut(tmp_path: Path) -> None:
     assert _end(session, first, Outcome.COMPLETED, others=0, usage=False)["cut"] is False
     _send(session, third)
     assert _end(session, third, Outcome.COMPLETED, others=3, usage=False)["cut"] is False
+
+
+def test_a_model_that_fails_the_same_way_beside_refused_requests_gets_no_advice() -> None:
+    from collections import Counter
+    # flaky: every stream truncated, but one request was refused (a bad param): neither
+    # a rerun helps, and nothing else is left to redo.
+    finals = {str(i): final("flaky", "truncated", None, "broke after 3 events")
+              for i in range(5)}
+    finals["bad"] = final("flaky", "error", 400, "HTTP 400: 'temperature' must be a number")
+    finals["t"] = final("fast", "timed_out", None, "no event within 5 s")
+    lines = not_completed(finals, 12, Counter({"flaky": 6, "fast": 6}), accept_empty=False)
+    assert lines == [
+        "7 of 12 streams are not completed",
+        "flaky: 1 request refused as sent (HTTP 400: 'temperature' must be a number): running "
+        "again sends it unchanged; fix the prompt, the params or the model",
+        "flaky: all 5 of its other streams this run were truncated (broke after 3 events): "
+        "running the same command again will not help",
+        "run the same command again to redo the other 1"]
+    # Some of its other streams completed: the truncations may go the other way.
+    lines = not_completed(finals, 12, Counter({"flaky": 8, "fast": 6}), accept_empty=False)
+    assert lines[-1] == "run the same command again to redo the other 6"
+
+
+def test_a_model_s_tools_are_sent_unless_the_prompt_has_its_own(tmp_path: Path) -> None:
+    config = parse_config("[endpoint]\nbase_url = 'embedded'\n"
+                          "[[models]]\nname = 'a'\nid = 'mock/tools'\n"
+                          "tools = [{ type = 'function', function = { name = 'from_model' } }]\n")
+    prompts = load_prompts(write_lines(
+        tmp_path / "p.jsonl", json.dumps({"id": 1, "prompt": "x"}),
+        json.dumps({"id": 2, "prompt": "x",
+                    "tools": [{"type": "function", "function": {"name": "from_prompt"}}]})))
+    first, second = plan_work(prompts, config.models, 1, config)
+    assert first.request(config).tools == config.models[0].tools
+    assert second.request(config).tools == ({"type": "function",
+                                             "function": {"name": "from_prompt"}},)
+    assert first.content_key != plan_work(prompts, CONFIG.models[:1], 1, CONFIG)[0].content_key

@@ -374,3 +374,17 @@ def test_every_line_of_a_config_error_is_printed(tmp_path: Path,
         "fanout batch: c.toml: [deadlines] idle: must be a number",
         "fanout batch: c.toml: [concurrency] max: must be >= 1"]
     assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_a_config_with_several_mistakes_through_the_command_line(tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text('[deadlines]\nidel = 3\n[concurrency]\nmax = 0\n[[models]]\nname = "a"\n')
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"id": 1, "prompt": "x"}\n')
+    done = subprocess.run([*COMMAND, "batch", str(prompts), "-o", str(tmp_path / "r.jsonl"),
+                           "--config", str(config)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    lines = done.stderr.splitlines()
+    assert len(lines) == 3 and all(line.startswith(f"fanout batch: {config}: ")
+                                   for line in lines), lines
+    assert "unknown key 'idel'" in lines[0] and "id is missing" in lines[2]
