@@ -8,9 +8,20 @@ success), one adaptive cap per model (halved on 429s, grown back on
 success), one submitter per model so models interleave, each result written
 and flushed as it finishes.  A unit the server cut while others ran is
 redone in the same run, at the lower concurrency (at most ``MAX_REDOS``
-times).  Exit status: 0 when every unit of work is completed (an empty
-answer is not, unless ``--accept-empty``), 1 when some are not (stderr says
-whether running again can help), 2 for bad usage, 130 after Ctrl-C.
+times).  Without ``-m``, the config's ``[batch] models`` run (else every
+model).
+
+Before anything is sent: the config, the prompts (every one must be
+sendable) and the results file (``results.ResultsFile``: not the prompts
+file, a regular file, fanout's own, locked for the run) are checked.  A
+write that fails mid-run (a full disk) stops new submissions; the streams in
+flight run on and are tried, the summary is printed.  Everything a server
+sent reaches stderr and stdout through ``report.printable``.
+
+Exit status: 0 when every unit of work is completed (an empty answer is not,
+unless ``--accept-empty``), 1 when some are not or a write failed (stderr
+says whether running again can help), 2 for bad usage or input, 130 after
+Ctrl-C.
 """
 
 from __future__ import annotations
@@ -212,6 +223,10 @@ def run_batch(options: BatchOptions, *, stdout: TextIO | None = None,
         for line in exc.problems or [str(exc)]:  # one problem a line
             say(line)
         return 2
+    for model in models:  # TOML has nan and inf; JSON does not
+        if not _encodes(dict(model.params)):
+            return fail(f"model {model.name!r}: its params cannot be sent "
+                        f"({_why_not(dict(model.params))}); nothing was sent")
     try:
         prompts = load_prompts(options.prompts)
         problems = unsendable(prompts, models, options.prompts)
@@ -245,12 +260,6 @@ def unsendable(prompts: Sequence[Prompt], models: Sequence[ModelConfig],
     """A line per prompt that no request can carry (a lone surrogate is no UTF-8 text,
     NaN is no JSON): refused like a bad line, before anything is sent, not a crash."""
     problems = []
-    for model in models:  # the model's params are in every request
-        if not _encodes(dict(model.params)):
-            problems.append(f"model {model.name!r}: its params cannot be sent "
-                            f"({_why_not(dict(model.params))})")
-    if problems:
-        return problems
     for prompt in prompts:
         messages, params = list(prompt.messages), dict(prompt.params)
         tools = list(prompt.tools or ())

@@ -19,8 +19,9 @@ stays readable by pandas and duckdb.
 
 **One run at a time**: the file is locked (``flock``, exclusive, for the
 whole run); a second ``fanout batch`` on it is refused with who holds it,
-read from ``RESULTS.lock`` beside it (pid, host, start time: written when the
-lock is taken, removed at the end).
+read from ``RESULTS.jsonl.lock`` beside it (the results file's name and
+``.lock``: pid, host, start time, command; written when the lock is taken,
+removed at the end).
 
 **A write that fails** (a full disk) is undone (the file is cut back to its
 last whole line, so a later run can resume it); the record is kept and tried
@@ -44,7 +45,7 @@ import stat
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 import attrs
 import orjson
@@ -415,6 +416,13 @@ class ResultsFile:
     def _open(self) -> int:
         flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOCTTY
         try:
+            mode = os.stat(self.path)
+        except OSError:
+            pass  # missing (created below), or whatever opening it will say
+        else:
+            if not stat.S_ISREG(mode.st_mode) and not stat.S_ISDIR(mode.st_mode):
+                self._not_regular(mode)  # before opening it: a device may act on an open
+        try:
             return os.open(self.path, flags, 0o644)
         except OSError as exc:
             hint = ""
@@ -431,8 +439,11 @@ class ResultsFile:
                 raise ResultsFileError(f"{self.path}: is {name} (the same file); name "
                                        "another output")
         if not stat.S_ISREG(mode.st_mode):
-            raise ResultsFileError(f"{self.path}: not a regular file ({_file_kind(mode)}): a "
-                                   "results file is read back, locked and appended to")
+            self._not_regular(mode)
+
+    def _not_regular(self, mode: os.stat_result) -> NoReturn:
+        raise ResultsFileError(f"{self.path}: not a regular file ({_file_kind(mode)}): a "
+                               "results file is read back, locked and appended to")
 
     def _lock(self) -> None:
         try:
@@ -475,9 +486,9 @@ class ResultsFile:
                            "started": datetime.datetime.now(datetime.UTC).isoformat(
                                timespec="seconds"),
                            "argv": sys.argv})
+        self._lock_file = where  # removed at close, also if this write fails halfway
         with contextlib.suppress(OSError):
             where.write_bytes(text.encode("utf-8", "backslashreplace") + b"\n")
-            self._lock_file = where
 
     # ------------------------------------------------------------------ appending
 
@@ -541,7 +552,7 @@ class ResultsFile:
         """Try the unwritten records once more, ``fsync``, unlock, close."""
         if self._fd < 0:
             return
-        if self.unwritten and hasattr(self, "existing"):
+        if self.unwritten:
             self._flush_unwritten()
         self.sync()
         if self._lock_file is not None:  # before unlocking: a next holder writes its own

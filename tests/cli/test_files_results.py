@@ -146,6 +146,8 @@ def _read_only_mount(tmp_path: Path) -> Iterator[Path]:
                           "not exist)"),
     ("/dev/full", "not a regular file (a character device): a results file is read back, "
                   "locked and appended to"),
+    ("a named pipe", "not a regular file (a pipe): a results file is read back, locked and "
+                     "appended to"),
     ("read-only file system", "cannot open for writing: Read-only file system"),
 ])
 def test_an_output_that_cannot_be_written_is_one_line(tmp_path: Path, config: str, case: str,
@@ -165,6 +167,9 @@ def test_an_output_that_cannot_be_written_is_one_line(tmp_path: Path, config: st
         reason = reason.replace("DIR", str(tmp_path / "nope"))
     elif case == "/dev/full":
         output = Path("/dev/full")
+    elif case == "a named pipe":  # opening it for reading would wait for a writer
+        output = tmp_path / "fifo"
+        os.mkfifo(output)
     else:
         mounts = _read_only_mount(tmp_path)
         output = next(mounts) / "results.jsonl"

@@ -388,3 +388,34 @@ def test_a_config_with_several_mistakes_through_the_command_line(tmp_path: Path)
     assert len(lines) == 3 and all(line.startswith(f"fanout batch: {config}: ")
                                    for line in lines), lines
     assert "unknown key 'idel'" in lines[0] and "id is missing" in lines[2]
+
+
+def test_a_model_whose_params_json_cannot_carry(tmp_path: Path) -> None:
+    config = tmp_path / "fanout.toml"
+    config.write_text('[endpoint]\nbase_url = "embedded"\n'
+                      '[[models]]\nname = "odd"\nid = "mock/fast"\nparams = { temperature = nan }\n')
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"id": 1, "prompt": "x"}\n{"id": 2, "prompt": "y", "params": {"top_p": '
+                       'NaN}}\n')
+    err = io.StringIO()
+    status = run_batch(BatchOptions(prompts=str(prompts), output=str(tmp_path / "r.jsonl"),
+                                    config=str(config)), stdout=io.StringIO(), stderr=err,
+                       environ={})
+    assert status == 2
+    line, = err.getvalue().splitlines()  # (the stdlib's wording varies by version)
+    assert line.startswith("fanout batch: model 'odd': its params cannot be sent (not JSON: "
+                           "Out of range float values are not JSON compliant")
+    assert line.endswith("; nothing was sent")
+    config.write_text('[endpoint]\nbase_url = "embedded"\n'
+                      '[[models]]\nname = "fine"\nid = "mock/fast"\n')
+    err = io.StringIO()
+    status = run_batch(BatchOptions(prompts=str(prompts), output=str(tmp_path / "r.jsonl"),
+                                    config=str(config)), stdout=io.StringIO(), stderr=err,
+                       environ={})
+    assert status == 2
+    lines = err.getvalue().splitlines()
+    assert len(lines) == 2 and lines[0].startswith(
+        f"fanout batch: {prompts}:2: cannot be sent: not JSON: Out of range float values are "
+        "not JSON compliant")
+    assert lines[1] == f"fanout batch: {prompts}: 1 bad line; nothing was sent"
+    assert not (tmp_path / "r.jsonl").exists()
