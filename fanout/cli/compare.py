@@ -11,10 +11,10 @@ Ctrl-C.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
+import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
@@ -26,21 +26,40 @@ from rich.live import Live
 from rich.text import Text
 
 from .._exceptions import ConfigError
-from ..config import Config, ModelConfig, load_config
+from ..config import Config, ModelConfig, load_config, read_tools
 from ..core.events import Event
 from ..core.result import Flag, Outcome
 from ..fanout import Fanout, open_fanout
+from ..records import dumps
 from ..request import Endpoint, StreamRequest
 from .common import interrupt_on_sigint, open_endpoint, text_console
 from .common import only as _only
 from .records import event_record
 from .render import Column, CompareView, cut_advice, cut_line, inert, summary_table
 
-__all__ = ["CompareOptions", "read_prompt", "run_compare"]
+__all__ = ["FULL_HELP", "MODEL_HELP", "TOOLS_HELP", "CompareOptions", "read_prompt",
+           "run_compare"]
 
 #: Live redraws per second: on a timer, never once per chunk.
 FPS = 15
 EXIT_INTERRUPTED = 130
+#: How often, while a stream waits for its slot, compare looks whether it got it: the
+#: live TTFT counts from then, as the engine's counts from the request being sent.
+SLOT_POLL = 0.001
+
+#: The help of ``compare -m`` (for the command line's parser).
+MODEL_HELP = ("a model of the config, by name or id (repeat; default: the config's [compare] "
+              "models, else all). With the embedded upstream (base_url = \"embedded\", as in "
+              "the default config) any embedded model id works too, without a [[models]] "
+              "entry: mock/... (e.g. mock/fast, mock/tools), fault/... (e.g. fault/truncate, "
+              "fault/stall:3) and replay/<capture>; fanout mock --list lists them")
+#: The help of ``compare --tools FILE``.
+TOOLS_HELP = ("a JSON file with a list of OpenAI tool definitions, sent with every request "
+              "(instead of the config's [compare] tools and each model's own tools)")
+#: The help of ``compare --full``.
+FULL_HELP = ("on a terminal, the final screen shows every line of every answer (by default "
+             "runs of blank lines become one and each column shows at most 100 lines)")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class UsageError(Exception):
@@ -55,6 +74,8 @@ class CompareOptions:
     config: str | None = None
     json: bool = False
     reasoning: bool = True
+    full: bool = False  # the final screen shows every line (no cap, no collapsed blanks)
+    tools: str | None = None  # a JSON file of tool definitions, sent with every request
 
 
 def read_prompt(argument: str, stdin: TextIO | None = None) -> str:
@@ -86,12 +107,19 @@ def run_compare(options: CompareOptions, *, console: Console | None = None,
     """Run one comparison; returns the exit status (see the module docstring)."""
     out = stdout or sys.stdout
     err = stderr or sys.stderr
+    for what, text in (("PROMPT", options.prompt), ("--system", options.system or "")):
+        if _LONE_SURROGATE.search(text):
+            # From bytes that are not UTF-8 on the command line: nothing can send them.
+            print(f"fanout compare: {what}: not UTF-8 text", file=err)
+            return 2
     try:
         config = load_config(options.config)
         models = config.select(options.models, default=config.compare)
         endpoint = config.endpoint(environ)
+        tools = read_tools(options.tools) if options.tools is not None else None
     except ConfigError as exc:
-        print(f"fanout compare: {exc}", file=err)
+        for line in str(exc).splitlines() or [""]:  # one problem a line, each prefixed
+            print(f"fanout compare: {inert(line)}", file=err)
         return 2
     messages: list[dict[str, Any]] = []
     if options.system:
@@ -99,7 +127,7 @@ def run_compare(options: CompareOptions, *, console: Console | None = None,
     messages.append({"role": "user", "content": options.prompt})
     if console is None:
         console = text_console(out, wide=True)  # off a terminal: the summary is never folded
-    session = _Session(config, models, messages, options, console, out)
+    session = _Session(config, models, messages, options, console, out, tools)
     try:
         trio.run(session.run, endpoint)
     except BaseException as exc:
@@ -148,8 +176,10 @@ def problems(columns: Sequence[Column]) -> list[str]:
 class _Session:
     def __init__(self, config: Config, models: Sequence[ModelConfig],
                  messages: list[dict[str, Any]], options: CompareOptions,
-                 console: Console, out: TextIO) -> None:
+                 console: Console, out: TextIO,
+                 tools: tuple[Mapping[str, Any], ...] | None = None) -> None:
         self.config = config
+        self.tools = tools
         self.models = models
         self.messages = messages
         self.options = options
@@ -162,7 +192,8 @@ class _Session:
     async def run(self, endpoint: Endpoint | None) -> None:
         async with open_endpoint(endpoint) as resolved:
             requests = [StreamRequest(m.name, m.id, self.messages, m.params,
-                                      deadlines=self.config.deadlines_for(m))
+                                      deadlines=self.config.deadlines_for(m),
+                                      tools=self.tools_for(m))
                         for m in self.models]
             now = trio.current_time()
             self.columns = [Column(m.name, m.id, started=now, expected_choices=_choices(m))
@@ -173,7 +204,11 @@ class _Session:
                     per_model_concurrency=self.config.per_model_caps(self.models),
                     deadlines=self.config.deadlines, strict=self.config.strict) as fan, \
                     trio.open_nursery() as nursery:
+                # Time queued counts from here: the client is built, the streams start.
+                for column in self.columns:
+                    column.started = trio.current_time()
                 nursery.start_soon(interrupt_on_sigint, partial(self._interrupt, fan))
+                nursery.start_soon(self._watch_slots, fan)
                 if self.options.json:
                     await self._consume(fan, self._json_line(trio.current_time()))
                 elif self.console.is_terminal:
@@ -183,16 +218,40 @@ class _Session:
                     self._final(trio.current_time(), blocks=True)
                 nursery.cancel_scope.cancel()
 
+    def tools_for(self, model: ModelConfig) -> tuple[Mapping[str, Any], ...] | None:
+        """What a model's requests send as ``tools``: ``--tools``, else the model's own,
+        else ``[compare] tools``."""
+        for tools in (self.tools, model.tools, self.config.compare_tools):
+            if tools is not None:
+                return tools
+        return None
+
     def _interrupt(self, fan: Fanout) -> None:
         # Ctrl-C: cancel every stream, keep what arrived, show it.
         self.interrupted = True
         fan.cancel_all()
 
+    async def _watch_slots(self, fan: Fanout) -> None:
+        """Note when each stream leaves the queue (its request goes out then), until
+        every one has: the live TTFT and time count from there, as the engine's do."""
+        while True:
+            self._slots_taken(fan)
+            if all(column.sent is not None or column.done for column in self.columns):
+                return
+            await trio.sleep(SLOT_POLL)
+
+    def _slots_taken(self, fan: Fanout) -> None:
+        queued, now = fan.queued, trio.current_time()
+        for column in self.columns:
+            if column.key not in queued:
+                column.slot_taken(now)
+
     def _json_line(self, start: float) -> Callable[[Event, float], None]:
         def write(event: Event, now: float) -> None:
             record = event_record(event)
             record["t"] = round(now - start, 6)
-            self.out.write(json.dumps(record, ensure_ascii=False) + "\n")
+            # dumps: every control, bidi control and lone surrogate escaped.
+            self.out.write(dumps(record) + "\n")
             self.out.flush()
         return write
 
@@ -205,10 +264,7 @@ class _Session:
             async with trio.open_nursery() as nursery:
                 async def redraw() -> None:
                     while True:
-                        queued = fan.queued
-                        for column in self.columns:
-                            if column.key not in queued:
-                                column.slot_taken()
+                        self._slots_taken(fan)
                         live.update(view.live(console, trio.current_time()), refresh=True)
                         await trio.sleep(1 / FPS)
 
@@ -228,19 +284,32 @@ class _Session:
 
     def _final(self, now: float, *, blocks: bool) -> None:
         console = self.console
-        view = CompareView(self.columns, reasoning=self.options.reasoning)
+        view = CompareView(self.columns, reasoning=self.options.reasoning,
+                           full=self.options.full)
         if blocks:
             for column in self.columns:
                 # soft_wrap: the text goes out as the model wrote it, unwrapped.
                 console.print(view.header(column, now, one_line=True), soft_wrap=True)
-                console.print(view.body(column), soft_wrap=True)
+                console.print(view.body(column, plain=True), soft_wrap=True)
                 console.print()
+            console.print(summary_table(self.columns, now))
         else:
             console.print(view.final(console, now))
-        console.print(summary_table(self.columns, now))
+            console.print(summary_table(self.columns, now, width=console.width))
         if self.interrupted:
-            console.print(Text("interrupted: every stream was cancelled; what arrived is "
-                               "shown above", style="bold yellow"))
+            console.print(Text(interrupted_line(self.columns), style="bold yellow"))
+
+
+def interrupted_line(columns: Sequence[Column]) -> str:
+    """After Ctrl-C: which streams were cancelled, and which had finished before."""
+    cancelled = [inert(c.key) for c in columns if c.status == "cancelled"]
+    finished = [f"{inert(c.key)}: {c.status}" for c in columns if c.status != "cancelled"]
+    if not finished:
+        return (f"interrupted: every stream was cancelled ({', '.join(cancelled)}); what "
+                "arrived is shown above")
+    return (f"interrupted: {len(cancelled)} cancelled ({', '.join(cancelled) or 'none'}), "
+            f"{len(finished)} had finished ({', '.join(finished)}); what arrived is shown "
+            "above")
 
 
 def _choices(model: ModelConfig) -> int:

@@ -9,14 +9,20 @@ control characters and escape sequences.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
-from collections.abc import Iterable, Sequence
+import unicodedata
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import lru_cache
 from typing import Any
 
 import attrs
 from rich import box
-from rich.console import Console, Group, RenderableType
+from rich.cells import get_character_cell_size
+from rich.console import Console, ConsoleOptions, Group, RenderableType
+from rich.control import Control
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
@@ -48,19 +54,196 @@ _ESCAPES = re.compile(
     r"|\x1b[ -/]*[0-~]"
     r"|\x9b[0-?]*[ -/]*[@-~]"
 )
-# Every other control character (C0 but tab and newline, DEL, C1) and the bidi
-# overrides that can make text display in another order than it reads.
-_DROP = dict.fromkeys([*range(0x00, 0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0),
-                       *range(0x202A, 0x202F), *range(0x2066, 0x206A)])
+#: Invisible characters removed from the terminal views (``--json`` keeps them): the
+#: zero-width space, the left-to-right, right-to-left and Arabic letter marks, the
+#: byte order mark (zero-width no-break space), the word joiner and the invisible
+#: operators, the Mongolian vowel separator, the soft hyphen, the interlinear
+#: annotation controls and the tag characters (invisible ASCII).  Terminals disagree
+#: on their width and a reader cannot see them.  Kept: the zero-width joiner and
+#: non-joiner and the variation selectors, which shape emoji and scripts.
+INVISIBLE = frozenset([0x200B, 0x200E, 0x200F, 0x061C, 0xFEFF, 0x2060, 0x2061, 0x2062,
+                       0x2063, 0x2064, 0x180E, 0x00AD, 0xFFF9, 0xFFFA, 0xFFFB,
+                       *range(0xE0000, 0xE0080)])
+# Every other control character (C0 but tab and newline, DEL, C1), the bidi controls
+# that can make text display in another order than it reads, and the invisible ones.
+_DROP: dict[int, int | str | None] = dict.fromkeys(
+    [*range(0x00, 0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0),
+     *range(0x202A, 0x202F), *range(0x2066, 0x206A), *INVISIBLE])
+_DROP.update({0x2028: "\n", 0x2029: "\n"})  # line and paragraph separators break lines
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_BLANK_RUN = re.compile(r"\n[ \t]*\n(?:[ \t]*\n)+")
 
 
 def inert(text: str) -> str:
-    """``text`` safe for a terminal: no escape sequences, no control characters
-    (tab and newline stay; CRLF and lone CR become newlines)."""
+    """``text`` safe for a terminal and for any encoder: no escape sequences, no
+    control characters (tab and newline stay; CRLF, lone CR and the line and
+    paragraph separators become newlines), no bidi controls, none of the
+    ``INVISIBLE`` characters, and every lone surrogate (valid in JSON, but no
+    UTF-8 encoder takes it) replaced by U+FFFD; a surrogate pair split across
+    deltas is joined back into its character."""
     if text.isprintable():
         return text
+    if _SURROGATE.search(text):
+        text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     return _ESCAPES.sub("", text).translate(_DROP)
+
+
+def collapse_blank_lines(text: str) -> str:
+    """Runs of blank lines become one blank line (the terminal views: 10,000
+    newlines are not 10,000 lines)."""
+    return _BLANK_RUN.sub("\n\n", text) if "\n" in text else text
+
+
+# -------------------------------------------------------------- width, as terminals draw it
+#
+# rich measures text by its own tables, and terminals do not all agree with it:
+# a Devanagari vowel sign (a spacing mark, Mc) takes no cell for rich and one for
+# wcwidth terminals (glibc, xterm, tmux); an emoji with VS16 takes two for rich and
+# for terminals with emoji presentation, one for wcwidth terminals.  A line rich
+# thinks fits can wrap on the terminal, and every such wrap of the live view leaves
+# a stray line in scrollback.  So the views measure every character by the larger
+# of the two (``cells``), wrap and pad by that, and put every border of a line that
+# is not plain ASCII at its column with a cursor move: a terminal that draws the
+# line narrower still lines the borders up, and none draws it wider.
+
+def _wcwidth(character: str) -> int:
+    code = ord(character)
+    if unicodedata.category(character) in ("Mn", "Me", "Cf") or 0x1160 <= code <= 0x11FF:
+        return 0
+    return 2 if unicodedata.east_asian_width(character) in ("W", "F") else 1
+
+
+@lru_cache(maxsize=8192)
+def _char_cells(character: str) -> int:
+    return max(get_character_cell_size(character), _wcwidth(character))
+
+
+def _widths(text: str) -> list[int]:
+    """Each character's cells: a VS16 after a one-cell character counts one more
+    (the emoji may be drawn two wide)."""
+    widths = []
+    previous = 0
+    for character in text:
+        width = (1 if previous == 1 else 0) if character == "\ufe0f" else _char_cells(character)
+        widths.append(width)
+        previous = width if character != "\ufe0f" else 0
+    return widths
+
+
+def cells(text: str) -> int:
+    """The most cells ``text`` (one line, made inert) takes on a common terminal."""
+    if text.isascii():
+        return len(text)
+    return sum(_widths(text))
+
+
+def _fits(text: str, width: int) -> int:
+    """How many characters of ``text`` fit in ``width`` cells (zero-width characters
+    stay with the character before them)."""
+    if text.isascii():
+        return min(len(text), width)
+    used = 0
+    for index, size in enumerate(_widths(text)):
+        if size and used + size > width:
+            return index
+        used += size
+    return len(text)
+
+
+def crop(text: Text, width: int) -> Text:
+    """``text`` (one line) cut to ``width`` cells, with ``…`` when it was cut."""
+    if cells(text.plain) <= width:
+        return text
+    if width <= 0:
+        return Text()
+    cut = text[:_fits(text.plain, width - 1)]
+    cut.append("…")
+    return cut
+
+
+def crop_left(text: Text, width: int) -> Text:
+    """The end of ``text`` (one line) in ``width`` cells, ``…`` first when it was cut."""
+    plain = text.plain
+    if cells(plain) <= width:
+        return text
+    if width <= 0:
+        return Text()
+    widths = _widths(plain)
+    used, start = 0, len(plain)
+    while start > 0 and used + widths[start - 1] <= width - 1:
+        start -= 1
+        used += widths[start]
+    while start < len(plain) and widths[start] == 0:
+        start += 1  # no mark without the character it belongs to
+    return Text("…") + text[start:]
+
+
+def _breaks(line: str, width: int) -> list[tuple[int, int]]:
+    """Where ``line`` (no newline) wraps at ``width`` cells: (start, end) of each
+    wrapped line; spaces at a break are dropped, a word longer than a line folds."""
+    if cells(line) <= width:
+        return [(0, len(line))]
+    widths = [1] * len(line) if line.isascii() else _widths(line)
+    cum = list(itertools.accumulate(widths, initial=0))
+    out: list[tuple[int, int]] = []
+    start, space_at, word_at = 0, -1, -1
+    index, end = 0, len(line)
+    while index < end:
+        if line[index] == " ":
+            after = index
+            while after < end and line[after] == " ":
+                after += 1
+            if cum[after] - cum[start] > width:  # the spaces end this line
+                out.append((start, index))
+                start, space_at, word_at = after, -1, -1
+            else:
+                space_at, word_at = index, after
+            index = after
+            continue
+        size = widths[index]
+        if size and cum[index + 1] - cum[start] > width:
+            if word_at > start:  # break before this word
+                out.append((start, space_at))
+                start, space_at, word_at = word_at, -1, -1
+            elif index > start:  # a word longer than the line: fold it
+                out.append((start, index))
+                start = index
+            else:  # one character wider than the line
+                out.append((start, index + 1))
+                start = index = index + 1
+            continue
+        index += 1
+    if start < end or not out:
+        out.append((start, end))
+    return out
+
+
+def wrap(text: Text, width: int) -> list[Text]:
+    """``text`` wrapped at ``width`` cells as terminals draw it (tabs expanded)."""
+    if "\t" in text.plain:
+        text = text.copy()
+        text.expand_tabs(8)
+    plain = text.plain
+    spans: list[tuple[int, int]] = []
+    offset = 0
+    for line in plain.split("\n"):
+        spans.extend((offset + a, offset + b) for a, b in _breaks(line, max(width, 1)))
+        offset += len(line) + 1
+    if spans == [(0, len(plain))]:
+        return [text]
+    points = sorted({point for span in spans for point in span})
+    pieces = text.divide(points)
+    by_start: dict[int, Text] = {}
+    position = 0
+    for piece in pieces:
+        by_start[position] = piece
+        position += len(piece)
+    out = []
+    for a, b in spans:
+        found = by_start.get(a) if a < b else None
+        out.append(found if found is not None and len(found) == b - a else text[a:b])
+    return out
 
 
 #: How each status looks.  Failures are loud; ``length``/``content_filter`` too.
@@ -122,18 +305,36 @@ class _Choice:
     order: list[str] = attrs.Factory(list)
 
 
+#: A rate is shown once it means something: at least this many content events,
+#: over at least this many seconds from the first to the last.  A stream that
+#: arrived in one read has no rate to speak of (it would be thousands of tok/s).
+MIN_RATE_EVENTS = 4
+MIN_RATE_SPAN = 0.25
+
+
 @attrs.define
 class Column:
-    """One model's column: what arrived so far, and its live status."""
+    """One model's column: what arrived so far, and its live status.
+
+    Times are the consumer's clock (``trio.current_time()``), measured as the
+    engine measures them (``Timings``): TTFT, tokens/s and ``time`` from the
+    request being sent (``sent``: the stream took its concurrency slot, or a
+    retry's wait ended), queueing apart (from ``started`` to the first request).
+    Once the stream has finished, every number is the engine's own, from its
+    result.
+    """
 
     key: str
     model: str
-    started: float
+    started: float  # the fan-out began: time queued counts from here
     status: str = "queued"
+    sent: float | None = None  # this attempt's request went out
+    first_sent: float | None = None  # the first attempt's
     first_content: float | None = None
     last_event: float | None = None
     finished: float | None = None
     chunks: int = 0
+    prompt_tokens: int | None = None
     completion_tokens: int | None = None
     retries: int = 0
     error: str | None = None
@@ -141,19 +342,25 @@ class Column:
     result: StreamResult | None = None
     expected_choices: int = 1  # the request's n
 
-    def slot_taken(self) -> None:
-        """The stream got its concurrency slot: it is connecting, no longer queued."""
+    def slot_taken(self, now: float | None = None) -> None:
+        """The stream got its concurrency slot (at ``now``): it is connecting, and its
+        request is on its way."""
         if self.status == "queued":
             self.status = "connecting"
+        if now is not None and self.sent is None and self.result is None:
+            self.sent = self.first_sent = now
 
     def apply(self, event: Event, now: float) -> None:
         """Fold one event of this stream, received at ``now``."""
         if isinstance(event, StreamStarted):
             self.status = "waiting"
+            if self.sent is None:  # not seen leaving the queue: the response is the bound
+                self.sent = self.first_sent = now
             return
         if isinstance(event, StreamRetrying):
             self.status, self.retries = "retrying", self.retries + 1
             self.error = event.error.message
+            self.sent = now + event.wait  # the next attempt goes out after the wait
             return
         if isinstance(event, StreamFinished):
             self.finish(event.result, now)
@@ -182,6 +389,7 @@ class Column:
         elif isinstance(event, ChoiceFinished):
             self._choice(event.choice).finish_reason = event.finish_reason
         elif isinstance(event, UsageReported):
+            self.prompt_tokens = event.usage.prompt_tokens
             self.completion_tokens = event.usage.completion_tokens
         elif isinstance(event, ErrorReported):
             self.error = event.error.message
@@ -194,6 +402,9 @@ class Column:
             self.status = f"timed out ({result.timed_out})"
         if result.error is not None:
             self.error = result.error.message
+        if result.usage is not None:
+            self.prompt_tokens = result.usage.prompt_tokens
+            self.completion_tokens = result.usage.completion_tokens
         for choice in result.choices:  # the result is the truth (e.g. after a reconnect)
             mine = self._choice(choice.index)
             mine.finish_reason = choice.finish_reason
@@ -283,47 +494,120 @@ class Column:
         return [self.choices[i].finish_reason for i in sorted(self.choices)]
 
     def ttft(self) -> float | None:
-        if self.result is not None and self.result.timings is not None:
-            return self.result.timings.ttft
-        return None if self.first_content is None else self.first_content - self.started
+        """Time to first token, from the request being sent (the engine's, once finished)."""
+        if self.result is not None:
+            return self.result.timings.ttft if self.result.timings is not None else None
+        if self.first_content is None or self.sent is None:
+            return None
+        return max(0.0, self.first_content - self.sent)
 
     def rate(self, now: float) -> tuple[float | None, bool]:
-        """Tokens per second and whether estimated (live: chunks; final: usage if any)."""
-        if self.result is not None:
-            return tokens_per_second(self.result)
-        if self.first_content is None or self.chunks < 2:
+        """Tokens per second and whether estimated (live: content events; final: the
+        usage if any), ``None`` until ``MIN_RATE_EVENTS`` content events arrived over
+        ``MIN_RATE_SPAN`` seconds."""
+        result = self.result
+        if result is not None:
+            rate, estimated = tokens_per_second(result)
+            t = result.timings
+            if (t is None or t.first_content is None or t.last_event is None
+                    or result.content_events < MIN_RATE_EVENTS
+                    or t.last_event - t.first_content < MIN_RATE_SPAN):
+                return None, estimated
+            return rate, estimated
+        if self.first_content is None or self.chunks < MIN_RATE_EVENTS:
             return None, True
         end = self.last_event if self.last_event is not None else now
         seconds = end - self.first_content
-        return ((self.chunks - 1) / seconds if seconds > 0 else None), True
+        if seconds < MIN_RATE_SPAN:
+            return None, True
+        return (self.chunks - 1) / seconds, True
+
+    def time(self, now: float) -> float | None:
+        """From the first request being sent to the end (or ``now``), retries included:
+        the engine's ``Timings.e2e`` once finished; ``None`` before any request."""
+        if self.result is not None:
+            return self.result.timings.e2e if self.result.timings is not None else None
+        return None if self.first_sent is None else max(0.0, now - self.first_sent)
+
+    def queued(self, now: float) -> float:
+        """Time spent waiting for a concurrency slot (the engine's ``Timings.queued``
+        once finished)."""
+        if self.result is not None:
+            return self.result.timings.queued if self.result.timings is not None else 0.0
+        end = self.first_sent if self.first_sent is not None else now
+        return max(0.0, end - self.started)
 
     def elapsed(self, now: float) -> float:
+        """Wall-clock time since the fan-out began, queueing included."""
         return (self.finished if self.finished is not None else now) - self.started
 
 
+#: The final screen shows at most this many lines of a column (``full``: all of them).
+FINAL_LINES = 100
+#: What the compact layout shows of a column at most: its line and its text's tail.
+COMPACT_LINES = 4
+
+
 class CompareView:
-    """Columns side by side: ``live()`` for the timer redraw, ``final()`` for the end."""
+    """Columns side by side: ``live()`` for the timer redraw, ``final()`` for the end.
+
+    Live, each model gets a box (rows of them when the terminal is narrow) if
+    every box fits with ``MIN_BODY`` lines of text; otherwise the compact
+    layout: a line per model (its status, finish reason, TTFT, tokens/s and the
+    tail of its text, or its note), and the lines of its tail under it when
+    there is room.  Every stream stays visible on any terminal of at least
+    40x12.  Text is wrapped and cut as terminals draw it (``cells``).
+    """
 
     min_width = 28
+    MIN_BODY = 3
 
-    def __init__(self, columns: Sequence[Column], *, reasoning: bool = True) -> None:
+    def __init__(self, columns: Sequence[Column], *, reasoning: bool = True,
+                 full: bool = False) -> None:
         self.columns = list(columns)
         self.reasoning = reasoning
+        self.full = full
         # key -> (what the column looked like, its wrapped tail): a column that did
         # not change since the last frame is not joined, cleaned and wrapped again.
-        self._tails: dict[str, tuple[tuple[object, ...], Text]] = {}
+        self._tails: dict[str, tuple[tuple[object, ...], list[Text]]] = {}
+
+    # -- layouts ---------------------------------------------------------------
+
+    def layout(self, width: int, height: int) -> str:
+        """``boxes`` or ``compact``: what the live view draws at this size."""
+        if width // self.min_width < 1:
+            return "compact"
+        rows = len(self._rows(width))
+        # Per row: top border, header (3 lines, and room for a note), rule, bottom.
+        return "boxes" if rows * (7 + self.MIN_BODY) + 1 <= height else "compact"
 
     def live(self, console: Console, now: float) -> RenderableType:
-        rows = self._rows(console)
-        # Per row: top border, header (3 lines, 4 with a note), header rule, bottom border.
-        spare = console.height - 1 - sum(
-            6 + any(column.notes() for column in row) for row in rows)
-        body_lines = max(3, spare // max(len(rows), 1))
-        tables = [self._table(row, console, now, body_lines) for row in rows]
-        return Group(*tables, self.footer(now))
+        # One line of the screen stays free: when the live view stops, rich draws the
+        # last frame and a newline after it; a frame as tall as the screen would
+        # scroll its top line into scrollback, where no redraw can erase it.
+        width, height = console.width, console.height - 1
+        footer = crop(self.footer(now), width)
+        if self.layout(width, height) == "compact":
+            return Group(*self._compact(width, height, now), footer)
+        rows = self._rows(width)
+        chrome = sum(6 + any(column.notes() for column in row) for row in rows)
+        body_lines = max(1, (height - 1 - chrome) // len(rows))
+        drawn = [self._row(row, width, now, lambda c, w: self._live_tail(c, w, body_lines))
+                 for row in rows]
+        return Group(_Boxes(drawn), footer)
 
     def final(self, console: Console, now: float) -> RenderableType:
-        return Group(*(self._table(row, console, now, None) for row in self._rows(console)))
+        width = console.width
+        drawn = [self._row(row, width, now, self._final_body) for row in self._rows(width)]
+        return _Boxes(drawn)
+
+    def _row(self, row: list[Column], width: int, now: float,
+             body: Callable[[Column, int], list[Text]]
+             ) -> tuple[list[int], list[list[Text]], list[list[Text]]]:
+        widths = _split(width, len(row))
+        pairs = list(zip(row, widths, strict=True))
+        return (widths, [self.header_lines(c, now, w) for c, w in pairs],
+                [body(c, w) for c, w in pairs])
 
     def footer(self, now: float) -> Text:
         counts: dict[str, int] = {}
@@ -334,38 +618,101 @@ class CompareView:
         elapsed = max((c.elapsed(now) for c in self.columns), default=0.0)
         return Text(f" {' · '.join(parts)} · {elapsed:.1f}s · Ctrl-C stops all", style="dim")
 
-    def _rows(self, console: Console) -> list[list[Column]]:
-        fit = max(1, min(len(self.columns), console.width // self.min_width))
+    def _rows(self, width: int) -> list[list[Column]]:
+        fit = max(1, min(len(self.columns), width // self.min_width))
         rows = -(-len(self.columns) // fit)
         per_row = -(-len(self.columns) // rows)  # balanced: 4 columns that need 2 rows are 2+2
         return [self.columns[i:i + per_row] for i in range(0, len(self.columns), per_row)]
 
-    def _table(self, row: list[Column], console: Console, now: float,
-               body_lines: int | None) -> Table:
-        table = Table(box=box.ROUNDED, expand=True, show_lines=False, padding=(0, 1))
-        inner = (console.width - len(row) - 1) // len(row) - 2
-        for column in row:
-            table.add_column(self.header(column, now), ratio=1, overflow="fold",
-                             vertical="top")
-        bodies: list[RenderableType] = []
-        for column in row:
-            if body_lines is None:
-                bodies.append(self.body(column))
-                continue
-            width = max(inner, 1)
-            seen = (column.chunks, column.status, column.error, column.retries,
-                    tuple(column.finish_reasons()), column.done, width, body_lines)
-            cached = self._tails.get(column.key)
-            if cached is None or cached[0] != seen:
-                cached = self._tails[column.key] = (
-                    seen, _tail(self.body(column), console, width, body_lines))
-            bodies.append(cached[1])
-        table.add_row(*bodies)
-        return table
+    def _live_tail(self, column: Column, width: int, lines: int) -> list[Text]:
+        seen = (column.chunks, column.status, column.error, column.retries,
+                tuple(column.finish_reasons()), column.done, width, lines)
+        cached = self._tails.get(column.key)
+        if cached is None or cached[0] != seen:
+            cached = self._tails[column.key] = (
+                seen, _tail(self.body(column, collapse=True), width, lines))
+        return cached[1]
+
+    def _final_body(self, column: Column, width: int) -> list[Text]:
+        lines = wrap(self.body(column, collapse=True), width)
+        if self.full or len(lines) <= FINAL_LINES:
+            return lines
+        hidden = len(lines) - FINAL_LINES + 1
+        return [*lines[:FINAL_LINES - 1],
+                crop(Text(f"⋯ {hidden} more lines (--full shows everything)", "dim"), width)]
+
+    def _compact(self, width: int, height: int, now: float) -> list[Text]:
+        columns = self.columns
+        room = max(1, height - 1)  # the footer's line
+        shown = columns if len(columns) <= room else columns[:room - 1]
+        per = max(1, min(COMPACT_LINES, room // max(len(shown), 1)))
+        fields = [self._fields(column, now) for column in shown]
+        sizes = [max((cells(f[i].plain) for f in fields), default=0) for i in range(5)]
+        sizes[0] = min(sizes[0], 16)
+        lines: list[Text] = []
+        for column, parts in zip(shown, fields, strict=True):
+            line = Text(no_wrap=True, overflow="ignore")
+            for i, part in enumerate(parts):
+                if i:
+                    line.append(" ")
+                part = crop(part, sizes[i])
+                pad = " " * (sizes[i] - cells(part.plain))
+                if i >= 3:  # numbers: right-aligned
+                    line.append(pad)
+                    line.append_text(part)
+                else:
+                    line.append_text(part)
+                    line.append(pad)
+            tail = self._note_text(column)
+            if not tail.plain and per == 1:
+                tail = _flat_tail(self.body(column, collapse=True))
+            rest = width - cells(line.plain) - 2
+            if tail.plain and rest >= 4:
+                line.append("  ")
+                line.append_text(crop_left(tail, rest) if not column.notes()
+                                 else crop(tail, rest))
+            lines.append(crop(line, width))
+            if per > 1:
+                lines.extend(Text("  ") + text for text in
+                             _padded(_tail(self.body(column, collapse=True), width - 2,
+                                           per - 1), per - 1))
+        if len(shown) < len(columns):
+            more = columns[len(shown):]
+            done = sum(column.done for column in more)
+            lines.append(crop(Text(f"… {len(more)} more ({done} done): a taller terminal "
+                                   "shows them", "dim"), width))
+        return lines
+
+    def _fields(self, column: Column, now: float) -> list[Text]:
+        reasons = column.finish_reasons()
+        finish = Text()
+        if column.done or any(r is not None for r in reasons):
+            for i, reason in enumerate(reasons or [None]):
+                if i:
+                    finish.append(",")
+                label = inert(reason) if reason is not None else "none"
+                finish.append(label, FINISH_STYLES.get(label, "bold magenta"))
+        rate, estimated = column.rate(now)
+        return [Text(inert(column.key), "bold"),
+                Text(column.status, STATUS_STYLES.get(column.status.split(" (")[0], "")),
+                finish, Text(format_seconds(column.ttft())),
+                Text(f"{'≈' if estimated and rate is not None else ''}"
+                     f"{'-' if rate is None else f'{rate:.0f}'} tok/s")]
+
+    def _note_text(self, column: Column) -> Text:
+        text = Text()
+        for i, (note, kind) in enumerate(column.notes()):
+            if i:
+                text.append(" · ")
+            text.append(note, NOTE_STYLES[kind])
+        return text
+
+    # -- the parts of a column -------------------------------------------------
 
     def header(self, column: Column, now: float, *, one_line: bool = False) -> Text:
-        """Model, status, TTFT, tokens/s, elapsed, finish reason(s): three lines, or
-        one (``== name  id  status · ...``) for the labelled blocks of plain output."""
+        """Model, status, finish reason(s), TTFT, tokens/s, time (and queued): three
+        lines and a line of notes, or one (``== name  id  status · ...``) for the
+        labelled blocks of plain output."""
         header = Text(no_wrap=not one_line, overflow="ellipsis")
         if one_line:
             header.append("== ")
@@ -388,35 +735,56 @@ class CompareView:
                 label = reason if reason is not None else "none"
                 header.append(inert(label), FINISH_STYLES.get(label, "bold magenta"))
         header.append(" · " if one_line else "\n")
-        ttft = column.ttft()
         rate, estimated = column.rate(now)
-        header.append(f"TTFT {format_seconds(ttft)}", "")
+        header.append(f"TTFT {format_seconds(column.ttft())}")
         header.append(f" · {'≈' if estimated and rate is not None else ''}"
                       f"{'-' if rate is None else f'{rate:.0f}'} tok/s")
-        header.append(f" · {column.elapsed(now):.1f}s")
+        header.append(f" · {format_seconds(column.time(now))}")
+        queued = column.queued(now)
+        if queued >= 0.05:
+            header.append(f" · queued {format_seconds(queued)}", "dim")
         notes = column.notes()
         for i, (note, kind) in enumerate(notes):
-            # One line: the table cuts it to the column's width (no_wrap, ellipsis).
+            # One line: the view cuts it to the column's width.
             header.append(" · " if i or one_line else "\n")
             header.append(note, NOTE_STYLES[kind])
         return header
 
-    def body(self, column: Column) -> Text:
+    def header_lines(self, column: Column, now: float, width: int) -> list[Text]:
+        """The header's lines, each cut to ``width`` cells."""
+        return [crop(line, width) for line in self.header(column, now).split("\n")]
+
+    def body(self, column: Column, *, collapse: bool = False, plain: bool = False) -> Text:
+        """What the column shows under its header.  ``collapse``: runs of blank lines
+        become one (the terminal views).  ``plain``: off a terminal, where there are no
+        styles, reasoning and refusals are marked (``[reasoning]``, ``[answer]``,
+        ``[refusal]``) as the live view marks them with dim and red."""
         body = Text()
         many = len(column.choices) > 1
+
+        def clean(text: str) -> str:
+            text = inert(text)
+            return collapse_blank_lines(text) if collapse else text
+
         for index in sorted(column.choices):
             choice = column.choices[index]
             if many:
                 body.append(f"── choice {index} ──\n", "dim")
+            marked = plain and (bool(choice.refusal) or (self.reasoning and bool(choice.reasoning)))
             for part in choice.order:
+                if marked and part in ("reasoning", "text", "refusal") and (
+                        part != "reasoning" or self.reasoning):
+                    if body.plain and not body.plain.endswith("\n"):
+                        body.append("\n")
+                    body.append(f"[{'answer' if part == 'text' else part}]\n", "dim")
                 if part == "reasoning":
                     if self.reasoning:
-                        body.append(inert("".join(choice.reasoning)), "dim italic")
+                        body.append(clean("".join(choice.reasoning)), "dim italic")
                         body.append("\n")
                 elif part == "text":
-                    body.append(inert("".join(choice.text)))
+                    body.append(clean("".join(choice.text)))
                 elif part == "refusal":
-                    body.append(inert("".join(choice.refusal)), "red")
+                    body.append(clean("".join(choice.refusal)), "red")
                 else:
                     body.append_text(_tool(choice.tools[int(part.split(":")[1])],
                                            finished=choice.finish_reason is not None
@@ -431,6 +799,64 @@ class CompareView:
         elif column.status == "retrying" and column.error:
             body.append(f"retrying: {cut_line(inert(column.error), 200)}", "yellow")
         return body
+
+
+class _Boxes:
+    """Rows of boxes, drawn line by line: ``(content widths, header lines per column,
+    body lines per column)`` a row, every line already cut or wrapped to its width.
+
+    Each line is padded by ``cells`` (the most a terminal draws); after a line that
+    is not plain ASCII, a cursor-to-column move puts the border where it belongs,
+    so a terminal that draws the line narrower still lines the borders up.  No
+    line is ever wider than the terminal: a redraw never wraps.
+    """
+
+    def __init__(self, rows: list[tuple[list[int], list[list[Text]], list[list[Text]]]]
+                 ) -> None:
+        self.rows = rows
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions
+                         ) -> Iterator[Segment]:
+        for widths, headers, bodies in self.rows:
+            yield from _border("╭", "┬", "╮", widths)
+            yield from _lines(console, headers, widths)
+            yield from _border("├", "┼", "┤", widths)
+            yield from _lines(console, bodies, widths)
+            yield from _border("╰", "┴", "╯", widths)
+
+
+def _split(width: int, count: int) -> list[int]:
+    """The content widths of ``count`` boxes side by side in ``width`` cells (each box
+    has a border and a space either side)."""
+    content = max(width - 3 * count - 1, count)
+    return [content // count + (i < content % count) for i in range(count)]
+
+
+def _border(left: str, middle: str, right: str, widths: list[int]) -> Iterator[Segment]:
+    yield Segment(left + middle.join("─" * (width + 2) for width in widths) + right)
+    yield Segment.line()
+
+
+def _lines(console: Console, columns: list[list[Text]], widths: list[int]
+           ) -> Iterator[Segment]:
+    for index in range(max((len(lines) for lines in columns), default=0)):
+        x = 2
+        yield Segment("│ ")
+        for i, (lines, width) in enumerate(zip(columns, widths, strict=True)):
+            text = lines[index] if index < len(lines) else None
+            plain = text.plain if text is not None else ""
+            if text is not None and plain:
+                yield from text.render(console)
+            yield Segment(" " * max(0, width - cells(plain)))
+            if not plain.isascii():
+                yield Control.move_to_column(x + width).segment
+            x += width + 3
+            yield Segment(" │ " if i < len(widths) - 1 else " │")
+        yield Segment.line()
+
+
+def _padded(lines: list[Text], count: int) -> list[Text]:
+    return [*lines, *(Text() for _ in range(count - len(lines)))]
 
 
 def cut_advice(others: int, how: str) -> str:
@@ -465,18 +891,22 @@ def _tool(tool: _Tool, *, finished: bool) -> Text:
     return text
 
 
-def _tail(text: Text, console: Console, width: int, lines: int) -> Text:
+def _tail(text: Text, width: int, lines: int) -> list[Text]:
     """The last ``lines`` lines of ``text`` wrapped at ``width``: a column that scrolls."""
-    # A wrapped line holds at most ``width`` characters (plus the spaces a wrap
-    # drops), so this many from the end always fill the column.
-    limit = width * lines * 5 // 4 + width
+    # A wrapped line holds about ``width`` characters (more with combining marks,
+    # plus the spaces a wrap drops), so this many from the end fill the column.
+    limit = 2 * width * (lines + 1)
+    text = text[max(0, len(text) - limit):]  # a copy
+    text.rstrip()  # the last lines are text, not the newline after it
+    wrapped = wrap(text, width)
+    return wrapped[max(len(wrapped) - lines, 0):]
+
+
+def _flat_tail(text: Text, limit: int = 400) -> Text:
+    """The end of ``text`` on one line (newlines become spaces)."""
     if len(text) > limit:
         text = text[len(text) - limit:]
-    wrapped = text.wrap(console, width, overflow="fold")
-    tail = Text("\n").join(wrapped[max(len(wrapped) - lines, 0):])
-    tail.no_wrap = True  # already wrapped to fit: the table need not wrap it again
-    tail.overflow = "crop"
-    return tail
+    return Text(" ").join(line for line in text.split("\n") if line.plain.strip())
 
 
 def cut_line(text: str, limit: int) -> str:
@@ -485,38 +915,88 @@ def cut_line(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
-def summary_table(columns: Iterable[Column], now: float) -> Table:
-    """One line per model: outcome, finish reason, TTFT, tokens/s, tokens, time."""
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False)
-    for name, justify in (("model", "left"), ("outcome", "left"), ("finish", "left"),
-                          ("TTFT", "right"), ("tok/s", "right"), ("tokens", "right"),
-                          ("chars", "right"), ("time", "right")):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+# ------------------------------------------------------------------- the summary
+
+_SUMMARY_TEXT = ("model", "outcome", "finish")
+#: The summary's numbers: never folded or cut, so a table that would not fit splits.
+_SUMMARY_NUMBERS = ("TTFT", "tok/s", "in", "out", "chars", "queued", "time")
+
+
+def summary_table(columns: Iterable[Column], now: float, width: int | None = None
+                  ) -> RenderableType:
+    """One line per model: outcome, finish reason, TTFT, tokens/s, tokens in and out
+    (``-``: the server sent no usage), characters of answer text, time queued for a
+    slot, and time from the request being sent to the end (TTFT, tokens/s and time
+    leave queueing out), with a ``note`` column when any stream has notes.
+
+    ``width``: the table is made to fit it with every number whole: past what one
+    table can hold, it splits into an outcomes table and tables of numbers.
+    """
     columns = list(columns)
-    if any(column.notes() for column in columns):
-        table.add_column("note", overflow="fold", min_width=24)
-    for column in columns:
-        rate, estimated = column.rate(now)
-        reasons = ",".join(r or "none" for r in column.finish_reasons()) or "none"
-        tokens = column.completion_tokens
-        chars = sum(len("".join(c.text)) for c in column.choices.values())
-        table.add_row(
-            Text(inert(column.key)), Text(column.status, STATUS_STYLES.get(
-                column.status.split(" (")[0], "")),
-            Text(inert(reasons), FINISH_STYLES.get(reasons, "bold magenta")),
-            format_seconds(column.ttft()),
-            "-" if rate is None else f"{'≈' if estimated else ''}{rate:.0f}",
-            "-" if tokens is None else str(tokens), str(chars),
-            f"{column.elapsed(now):.2f}s", *_note_cell(column, len(table.columns) > 8))
+    rows = [_summary_row(column, now) for column in columns]
+    notes = any(column.notes() for column in columns)
+    names = [*_SUMMARY_TEXT, *_SUMMARY_NUMBERS, *(["note"] if notes else [])]
+    need = {name: max([len(name), *(cells(row[name].plain) for row in rows)])
+            for name in names}
+    need["model"] = min(need["model"], 20)
+
+    def fits(group: Sequence[str], note_room: int = 0) -> bool:
+        # Each column: a space of padding either side, shared between two columns.
+        return sum(need[name] + 2 for name in group) + note_room <= (width or 10**6)
+
+    every = [name for name in names if name != "note"]
+    if fits(every, (2 + min(need["note"], 24)) if notes else 0):
+        return _summary(names, rows)
+    tables = [_summary(["model", "outcome", "finish", *(["note"] if notes else [])], rows)]
+    group: list[str] = ["model"]
+    for name in _SUMMARY_NUMBERS:
+        if len(group) > 1 and not fits([*group, name]):
+            tables.append(_summary(group, rows))
+            group = ["model"]
+        group.append(name)
+    tables.append(_summary(group, rows))
+    return Group(*tables)
+
+
+def _summary(names: Sequence[str], rows: list[dict[str, Text]]) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True)
+    for name in names:
+        if name in _SUMMARY_NUMBERS:
+            table.add_column(name, justify="right", no_wrap=True)
+        elif name == "note":
+            table.add_column(name, overflow="fold", min_width=12)
+        elif name == "model":
+            table.add_column(name, overflow="ellipsis", no_wrap=True)
+        else:
+            table.add_column(name, overflow="fold")
+    for row in rows:
+        table.add_row(*(row[name] for name in names))
     return table
 
 
-def _note_cell(column: Column, shown: bool) -> list[Text]:
-    if not shown:
-        return []
-    cell = Text()
-    for i, (note, kind) in enumerate(column.notes()):
+def _summary_row(column: Column, now: float) -> dict[str, Text]:
+    rate, estimated = column.rate(now)
+    reasons = ",".join(r or "none" for r in column.finish_reasons()) or "none"
+    chars = sum(len("".join(c.text)) for c in column.choices.values())
+    note = Text()
+    for i, (text, kind) in enumerate(column.notes()):
         if i:
-            cell.append(" · ")
-        cell.append(cut_line(note, 200), NOTE_STYLES[kind])
-    return [cell]
+            note.append(" · ")
+        note.append(cut_line(text, 200), NOTE_STYLES[kind])
+    return {
+        "model": Text(inert(column.key)),
+        "outcome": Text(column.status, STATUS_STYLES.get(column.status.split(" (")[0], "")),
+        "finish": Text(inert(reasons), FINISH_STYLES.get(reasons, "bold magenta")),
+        "TTFT": Text(format_seconds(column.ttft())),
+        "tok/s": Text("-" if rate is None else f"{'≈' if estimated else ''}{rate:.0f}"),
+        "in": Text(_count(column.prompt_tokens)),
+        "out": Text(_count(column.completion_tokens)),
+        "chars": Text(str(chars)),
+        "queued": Text(format_seconds(column.queued(now))),
+        "time": Text(format_seconds(column.time(now))),
+        "note": note,
+    }
+
+
+def _count(value: int | None) -> str:
+    return "-" if value is None else str(value)

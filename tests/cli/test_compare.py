@@ -361,7 +361,10 @@ def test_ctrl_c_on_a_real_terminal(config: str) -> None:
         process.kill()
         os.close(leader)
     final = screen.decode("utf-8", "replace")
-    assert "cancelled" in final and "interrupted: every stream was cancelled" in final
+    # Which streams were cancelled, and which had finished (steady streams for ~0.1 s).
+    assert "cancelled" in final
+    assert "interrupted: 1 cancelled (hanging), 1 had finished (steady: done); what arrived " \
+        "is shown above" in final
     assert "Traceback" not in final
 
 

@@ -69,18 +69,22 @@ def finished(column: Column, body: bytes, now: float = 2.0) -> StreamResult:
 def test_a_column_follows_its_stream() -> None:
     column = Column("fast", "mock/fast", started=0.0)
     assert column.status == "queued"
-    column.slot_taken()
+    assert column.queued(0.04) == pytest.approx(0.04) and column.time(0.04) is None
+    column.slot_taken(0.05)  # the request goes out now: TTFT and time count from here
     assert column.status == "connecting"
     column.apply(StreamStarted(attempt=1, status=200), 0.1)
-    column.slot_taken()  # only ever from queued
+    column.slot_taken(0.1)  # only ever from queued, and the first time counts
     assert column.status == "waiting"
     column.apply(ReasoningDelta(0, "hmm "), 0.2)
     column.apply(TextDelta(0, "Hello"), 0.3)
     column.apply(TextDelta(0, " world"), 0.5)
     assert column.status == "streaming"
-    assert column.ttft() == pytest.approx(0.2)
+    assert column.ttft() == pytest.approx(0.15)
+    assert column.queued(0.6) == pytest.approx(0.05) and column.time(0.6) == pytest.approx(0.55)
+    assert column.rate(0.6) == (None, True)  # 3 content events: too few for a rate
+    column.apply(TextDelta(0, "!"), 0.6)
     rate, estimated = column.rate(0.6)
-    assert estimated and rate == pytest.approx(2 / 0.3)
+    assert estimated and rate == pytest.approx(3 / 0.4)
     column.apply(ToolCallDelta(0, 0, "c1", "function", "lookup", '{"q":'), 0.6)
     column.apply(ToolCallDelta(0, 0, None, None, None, ' "x"}'), 0.7)
     column.apply(ChoiceFinished(0, "length"), 0.8)
@@ -88,7 +92,7 @@ def test_a_column_follows_its_stream() -> None:
     assert column.completion_tokens == 4
     choice = column.choices[0]
     assert choice.order == ["reasoning", "text", "tool:0"]
-    assert "".join(choice.text) == "Hello world"
+    assert "".join(choice.text) == "Hello world!"
     assert choice.tools[0].name == "lookup" and choice.tools[0].arguments == '{"q": "x"}'
     assert column.finish_reasons() == ["length"]
 
@@ -214,6 +218,11 @@ def test_live_columns_scroll_and_the_final_screen_shows_everything() -> None:
     assert len(live.splitlines()) <= 20
     out = console(width=60, height=20)
     out.print(CompareView([column]).final(out, 0.2))
+    final = out.export_text()  # at most FINAL_LINES lines of a column, then what is left
+    assert all(line in final for line in lines[:99]) and "line 099" not in final
+    assert "⋯ 101 more lines (--full shows everything)" in final
+    out = console(width=60, height=20)
+    out.print(CompareView([column], full=True).final(out, 0.2))
     final = out.export_text()
     assert all(line in final for line in lines)
 
@@ -253,6 +262,7 @@ def test_a_finished_stream_event_finishes_the_column() -> None:
                                                   "finish_reason": "stop"}]})])
     column.apply(StreamFinished(result), 1.0)
     assert column.done and column.status == "done" and column.elapsed(5.0) == 1.0
+    assert column.time(5.0) is None  # the engine's own once finished: this result has no timings
 
 
 # ---------------------------------------------------------------- reasons, flags, cuts
