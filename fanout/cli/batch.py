@@ -8,24 +8,38 @@ success), one adaptive cap per model (halved on 429s, grown back on
 success), one submitter per model so models interleave, each result written
 and flushed as it finishes.  A unit the server cut while others ran is
 redone in the same run, at the lower concurrency (at most ``MAX_REDOS``
-times).  Exit status: 0 when every unit of work is completed (an empty
-answer is not, unless ``--accept-empty``), 1 when some are not (stderr says
-whether running again can help), 2 for bad usage, 130 after Ctrl-C.
+times).  Without ``-m``, the config's ``[batch] models`` run (else every
+model).
+
+Before anything is sent: the config, the prompts (every one must be
+sendable) and the results file (``results.ResultsFile``: not the prompts
+file, a regular file, fanout's own, locked for the run) are checked.  A
+write that fails mid-run (a full disk) stops new submissions; the streams in
+flight run on and are tried, the summary is printed.  Everything a server
+sent reaches stderr and stdout through ``report.printable``.
+
+Exit status: 0 when every unit of work is completed (an empty answer is not,
+unless ``--accept-empty``), 1 when some are not or a write failed (stderr
+says whether running again can help), 2 for bad usage or input, 130 after
+Ctrl-C.
 """
 
 from __future__ import annotations
 
 import datetime
+import json
+import os
 import sys
 import time
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import Any, TextIO
 
 import attrs
+import httpx
 import trio
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -35,6 +49,8 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.table import Column
+from rich.text import Text
 
 from .._exceptions import ConfigError
 from ..config import Config, ModelConfig, load_config
@@ -47,18 +63,18 @@ from .common import only as _only
 from .prompts import Prompt, PromptFileError, load_prompts
 from .ratelimit import AdaptiveLimit, EndpointLimit
 from .records import result_record
-from .render import cut_line, inert
-from .report import model_summary, summary_table
+from .render import cut_line
+from .report import model_summary, printable, summary_console, summary_view
 from .results import (
-    ResultsWriter,
-    iter_records,
-    read_results,
+    RecordReader,
+    ResultsFile,
+    ResultsFileError,
     shard_of,
     state_of,
     work_key,
 )
 
-__all__ = ["BatchOptions", "Work", "batch_record", "plan_work", "run_batch"]
+__all__ = ["BatchOptions", "Work", "batch_record", "plan_work", "run_batch", "unsendable"]
 
 EXIT_INTERRUPTED = 130
 DEFAULT_CONCURRENCY = 32
@@ -101,7 +117,7 @@ class Work:
         return StreamRequest(self.key, self.model.id, self.prompt.messages,
                              {**self.model.params, **self.prompt.params},
                              deadlines=config.deadlines_for(self.model),
-                             tools=self.prompt.tools)
+                             tools=self.prompt.tools or self.model.tools)
 
 
 def plan_work(prompts: Sequence[Prompt], models: Sequence[ModelConfig], samples: int,
@@ -110,7 +126,9 @@ def plan_work(prompts: Sequence[Prompt], models: Sequence[ModelConfig], samples:
 
     ``content_key`` hashes what is asked (endpoint, model id, messages,
     params, tools; never the key, nor the embedded upstream's port), so a
-    changed prompt or parameter is redone on resume.
+    changed prompt or parameter is redone on resume.  A prompt's ``tools`` are
+    sent instead of the model's (``[[models]] tools``), as its params go over
+    the model's.
     """
     where = config.base_url or "OPENAI_BASE_URL"
     work = []
@@ -118,7 +136,7 @@ def plan_work(prompts: Sequence[Prompt], models: Sequence[ModelConfig], samples:
         for model in models:
             params = {**model.params, **prompt.params}
             asked = content_key(where, model.id, list(prompt.messages), params,
-                                list(prompt.tools or ()))
+                                list(prompt.tools or model.tools or ()))
             for sample in range(samples):
                 key = work_key(prompt.id, model.name, sample)
                 if shard is None or shard_of(key, shard[1]) == shard[0]:
@@ -182,8 +200,13 @@ def run_batch(options: BatchOptions, *, stdout: TextIO | None = None,
     out = stdout or sys.stdout
     err = stderr or sys.stderr
 
+    def say(message: str) -> None:
+        # Every line to stderr: model text and file names reach it, and must neither
+        # drive the terminal nor fail to encode.
+        print(f"fanout batch: {printable(message)}", file=err)
+
     def fail(message: str) -> int:
-        print(f"fanout batch: {message}", file=err)
+        say(message)
         return 2
 
     if options.samples < 1:
@@ -194,20 +217,89 @@ def run_batch(options: BatchOptions, *, stdout: TextIO | None = None,
             return fail(f"{flag} must be >= 1, not {value}")
     try:
         config = load_config(options.config)
-        models = config.select(options.models)
+        models = config.select(options.models, default=config.batch)
         endpoint = config.endpoint(environ)
     except ConfigError as exc:
-        return fail(str(exc))
+        for line in exc.problems or [str(exc)]:  # one problem a line
+            say(line)
+        return 2
+    for model in models:  # TOML has nan and inf; JSON does not
+        if not _encodes(dict(model.params)):
+            return fail(f"model {model.name!r}: its params cannot be sent "
+                        f"({_why_not(dict(model.params))}); nothing was sent")
     try:
         prompts = load_prompts(options.prompts)
+        problems = unsendable(prompts, models, options.prompts)
+        if problems:
+            raise PromptFileError(options.prompts, problems, len(problems))
     except PromptFileError as exc:
         for problem in exc.problems:
-            print(f"fanout batch: {problem}", file=err)
+            say(problem)
         if exc.total:
-            print(f"fanout batch: {exc}; nothing was sent", file=err)
+            say(f"{exc}; nothing was sent")
         return 2
 
-    existing = read_results(options.output)
+    try:
+        source = os.stat(options.prompts)
+    except OSError as exc:  # read a moment ago
+        return fail(f"{options.prompts}: cannot read: {exc.strerror or exc}")
+    try:
+        writer = ResultsFile(options.output, not_same_as=(f"the prompts file {options.prompts}",
+                                                          source))
+    except ResultsFileError as exc:
+        return fail(f"-o {exc}; nothing was sent")
+    try:
+        return _run(options, config, models, endpoint, prompts, writer, out, err, say,
+                    console, progress_console)
+    finally:
+        writer.close()
+
+
+def unsendable(prompts: Sequence[Prompt], models: Sequence[ModelConfig],
+               name: str) -> list[str]:
+    """A line per prompt that no request can carry (a lone surrogate is no UTF-8 text,
+    NaN is no JSON): refused like a bad line, before anything is sent, not a crash."""
+    problems = []
+    for prompt in prompts:
+        messages, params = list(prompt.messages), dict(prompt.params)
+        tools = list(prompt.tools or ())
+        parts: list[Any] = [messages, params, tools]
+        if _encodes(parts):
+            continue
+        # What fanout itself does with it (the library may learn to send it).
+        body = {"model": models[0].id, "messages": messages, **params}
+        try:
+            content_key("", models[0].id, messages, params, tools)
+            httpx.Request("POST", "http://127.0.0.1/", json=body)
+        except (UnicodeEncodeError, ValueError, TypeError):
+            problems.append(f"{name}:{prompt.line}: cannot be sent: {_why_not(parts)}")
+    return problems
+
+
+def _encodes(value: Any) -> bool:
+    try:
+        json.dumps(value, ensure_ascii=False, allow_nan=False).encode()
+    except (UnicodeEncodeError, ValueError, TypeError):
+        return False
+    return True
+
+
+def _why_not(value: Any) -> str:
+    try:
+        json.dumps(value, ensure_ascii=False, allow_nan=False).encode()
+    except UnicodeEncodeError as exc:
+        return (f"it holds a lone surrogate (U+{ord(exc.object[exc.start]):04X}), which is not "
+                "UTF-8 text")
+    except (ValueError, TypeError) as exc:
+        return f"not JSON: {exc}"
+    return "?"
+
+
+def _run(options: BatchOptions, config: Config, models: Sequence[ModelConfig],
+         endpoint: Endpoint | None, prompts: Sequence[Prompt], writer: ResultsFile,
+         out: TextIO, err: TextIO, say: Callable[[str], None], console: Console | None,
+         progress_console: Console | None) -> int:
+    existing = writer.existing
     work = plan_work(prompts, models, options.samples, config, options.shard)
     todo, done, changed = [], 0, 0
     for unit in work:
@@ -218,26 +310,14 @@ def run_batch(options: BatchOptions, *, stdout: TextIO | None = None,
                 continue
             changed += 1
         todo.append(unit)
-    console = console or text_console(out, wide=True)
-    notes = []
     if existing.torn_bytes:
-        notes.append(f"{options.output}: ignored a torn last line ({existing.torn_bytes} bytes, "
-                     "from an interrupted run); it is cut off before appending")
-    if existing.bad_lines:
-        lines = ", ".join(map(str, existing.bad_lines[:10]))
-        notes.append(f"{options.output}: skipped {len(existing.bad_lines)} unreadable "
-                     f"line(s): {lines}")
-    for note in notes:
-        print(f"fanout batch: {note}", file=err)
+        say(f"{options.output}: cut off a torn last line ({existing.torn_bytes} bytes, from an "
+            "interrupted run) before appending")
     shard = f" (shard {options.shard[0]}/{options.shard[1]})" if options.shard else ""
-    print(f"fanout batch: {len(work)} streams{shard}: {len(prompts)} prompts x {len(models)} "
-          f"models x {options.samples} samples; {done} already completed, {len(todo)} to run"
-          + (f" ({changed} changed since completed)" if changed else ""), file=err)
+    say(f"{len(work)} streams{shard}: {len(prompts)} prompts x {len(models)} "
+        f"models x {options.samples} samples; {done} already completed, {len(todo)} to run"
+        + (f" ({changed} changed since completed)" if changed else ""))
 
-    try:
-        writer = ResultsWriter(options.output, existing)
-    except OSError as exc:
-        return fail(f"-o {options.output}: cannot write: {getattr(exc, 'strerror', None) or exc}")
     session = _Session(config, options, todo, writer, progress_console
                        or text_console(err))
     started = time.monotonic()
@@ -248,10 +328,9 @@ def run_batch(options: BatchOptions, *, stdout: TextIO | None = None,
         if not _only(exc, KeyboardInterrupt):
             raise
         # A second Ctrl-C: out at once; what was written stays, the rest is redone next time.
-        print("fanout batch: stopped at once; run the same command again to finish", file=err)
+        say("stopped at once; run the same command again to finish")
         return EXIT_INTERRUPTED
-    finally:
-        writer.close()
+    writer.close()  # the last records are tried once more, then synced
     elapsed = time.monotonic() - started
 
     counts = session.counts
@@ -260,20 +339,34 @@ def run_batch(options: BatchOptions, *, stdout: TextIO | None = None,
         parts = [f"{n} {state}" for state, n in counts.most_common()]
         if session.redone:
             parts.append(f"{session.redone} cut and redone")
-        print(f"fanout batch: this run: {ran} streams in {elapsed:.1f}s ({ran / elapsed:.1f}/s): "
-              f"{', '.join(parts)}", file=err)
+        say(f"this run: {ran} streams in {elapsed:.1f}s ({ran / elapsed:.1f}/s): "
+            f"{', '.join(parts)}")
     for name, limit in session.limits.items():
         if limit.rate_limited:
-            print(f"fanout batch: {name}: {limit.rate_limited} 429s; concurrency went down to "
-                  f"{limit.lowest} of {limit.maximum} and is {limit.limit} now; submissions "
-                  f"paused {limit.paused:.1f}s", file=err)
+            say(f"{name}: {limit.rate_limited} 429s; concurrency went down to "
+                f"{limit.lowest} of {limit.maximum} and is {limit.limit} now; submissions "
+                f"paused {limit.paused:.1f}s")
     for line in session.cut_lines():
-        print(f"fanout batch: {line}", file=err)
+        say(line)
+    failed_write = writer.error
+    unrecorded = {key for key, _ in writer.unwritten}
+    if failed_write is not None:
+        lost = len(writer.unwritten)
+        say(f"-o {options.output}: cannot write: {failed_write.strerror or failed_write}; "
+            "no new stream was sent after that; "
+            + (f"{lost} finished stream{'s' if lost != 1 else ''} could not be recorded "
+               "(they run again next time)" if lost else
+               "every finished stream was recorded after all"))
     # The whole file, as `fanout report` reads it: earlier runs and this one.
-    console.print(summary_table(model_summary(iter_records(options.output))))
+    console = console or summary_console(out)
+    try:
+        with open(options.output, "rb") as file:
+            console.print(summary_view(model_summary(RecordReader(file)), console))
+    except OSError as exc:
+        say(f"-o {options.output}: cannot read it back for the summary: {exc.strerror or exc}")
     if session.interrupted:
-        print("fanout batch: interrupted: the streams in flight were recorded as cancelled; "
-              "run the same command again to finish", file=err)
+        say("interrupted: the streams in flight were recorded as cancelled; "
+            "run the same command again to finish")
         return EXIT_INTERRUPTED
 
     finals: dict[str, _Final] = {}
@@ -282,12 +375,16 @@ def run_batch(options: BatchOptions, *, stdout: TextIO | None = None,
         if final is None:  # not run this time: as the file says
             state = (existing.latest.get(unit.key) or {}).get("state")
             final = _Final(unit.model.name, str(state), None, None)
-        if not is_done(final.state, options.accept_empty):
+        if not is_done(final.state, options.accept_empty) or unit.key in unrecorded:
             finals[unit.key] = final
+    if failed_write is not None:
+        say(f"{len(finals)} of {len(work)} streams are not completed or not recorded; once "
+            f"{options.output} can be written, run the same command again to finish")
+        return 1
     if finals:
         for line in not_completed(finals, len(work), session.ran_per_model,
                                   accept_empty=options.accept_empty):
-            print(f"fanout batch: {line}", file=err)
+            say(line)
         return 1
     return 0
 
@@ -310,10 +407,10 @@ def not_completed(finals: dict[str, _Final], total: int, ran: Counter[str], *,
     Running the same command again is advised only for what it can fix.  It
     cannot fix a request the server refuses as sent (HTTP 4xx but 408, 409 and
     429), nor a model that failed every one of its units this run the same way
-    (the same state and HTTP status, at least 2 of them): the next run would
-    send the same requests to the same model.  Anything else (a stream cut,
-    timed out, a 5xx, a failure some units of the model did not meet) may go
-    the other way next time.
+    (the same state and HTTP status, at least 2 of them; the requests it
+    refused aside): the next run would send the same requests to the same
+    model.  Anything else (a stream cut, timed out, a 5xx, a failure some units
+    of the model did not meet) may go the other way next time.
     """
     lines = [f"{len(finals)} of {total} streams are not completed"]
     by_model: dict[str, list[_Final]] = {}
@@ -322,29 +419,27 @@ def not_completed(finals: dict[str, _Final], total: int, ran: Counter[str], *,
     hopeless = 0
     for model, failed in by_model.items():
         refused = [f for f in failed if f.status in FINAL_STATUSES]
-        same = {(f.state, f.status) for f in failed}
-        example = next((f for f in failed if f.reason), failed[0])
-        why = f" ({cut_line(inert(example.reason), 160)})" if example.reason else ""
-        name = inert(model)
-        if len(failed) == ran[model] >= 2 and len(same) == 1:
+        name = printable(model)
+        if _all_the_same(failed, ran[model]):
             hopeless += len(failed)
-            hint = ("; --accept-empty counts empty answers as done"
-                    if example.state == "empty" and not accept_empty else "")
-            lines.append(f"{name}: all {len(failed)} of its streams this run "
-                         f"{_ended(example.state)}{why}: running the same command again will "
-                         f"not help{hint}")
-        elif refused:
+            lines.append(_same_way(name, failed, "", accept_empty=accept_empty))
+            continue
+        if refused:
             hopeless += len(refused)
             statuses = sorted({f.status for f in refused if f.status is not None})
             reason = refused[0].reason
             why = f"HTTP {', '.join(map(str, statuses))}"
             if reason:
-                reason = cut_line(inert(reason), 160)
+                reason = cut_line(printable(reason), 160)
                 why = f"{why}; e.g. {reason}" if len(statuses) > 1 else reason
             lines.append(f"{name}: {len(refused)} request{'s' if len(refused) != 1 else ''} "
                          f"refused as sent ({why}): running again sends "
                          f"{'them' if len(refused) != 1 else 'it'} unchanged; fix the "
                          "prompt, the params or the model")
+            others = [f for f in failed if f.status not in FINAL_STATUSES]
+            if others and _all_the_same(others, ran[model] - len(refused)):
+                hopeless += len(others)
+                lines.append(_same_way(name, others, "other ", accept_empty=accept_empty))
     rest = len(finals) - hopeless
     if rest and not hopeless:
         lines[0] += "; run the same command again to redo them"
@@ -353,15 +448,73 @@ def not_completed(finals: dict[str, _Final], total: int, ran: Counter[str], *,
     return lines
 
 
+def _all_the_same(failed: list[_Final], ran: int) -> bool:
+    """Every one of the model's units that ended this run (at least 2) is in ``failed``,
+    and all ended the same way."""
+    return len(failed) == ran >= 2 and len({(f.state, f.status) for f in failed}) == 1
+
+
+def _same_way(name: str, failed: list[_Final], other: str, *, accept_empty: bool) -> str:
+    example = next((f for f in failed if f.reason), failed[0])
+    why = f" ({cut_line(printable(example.reason), 160)})" if example.reason else ""
+    hint = ("; --accept-empty counts empty answers as done"
+            if example.state == "empty" and not accept_empty else "")
+    return (f"{name}: all {len(failed)} of its {other}streams this run "
+            f"{_ended(example.state)}{why}: running the same command again will not help"
+            f"{hint}")
+
+
 def _ended(state: str) -> str:
     return {"empty": "came back empty", "error": "failed", "timed_out": "timed out",
             "truncated": "were truncated", "cancelled": "were cancelled"}.get(
                 state, f"ended {state}")
 
 
+def _whole() -> Column:
+    return Column(no_wrap=True)  # a number is never cut: the bar gives way first
+
+
+class _Bar(Progress):
+    """The progress bar: on one line where it fits, else the counts on a line of their
+    own (wrapped at spaces), so no number is ever cut."""
+
+    def __init__(self, *, console: Console, **options: Any) -> None:
+        self._screen = console
+        self._narrow = (BarColumn(bar_width=None), MofNCompleteColumn(table_column=_whole()),
+                        TextColumn("{task.fields[rate]}", table_column=_whole()),
+                        TimeElapsedColumn(table_column=_whole()),
+                        TextColumn("ETA", table_column=_whole()),
+                        TimeRemainingColumn(table_column=_whole()))
+        super().__init__(TextColumn("fanout batch", table_column=_whole()), BarColumn(),
+                         MofNCompleteColumn(table_column=_whole()),
+                         TextColumn("{task.fields[outcomes]}", table_column=_whole()),
+                         TextColumn("{task.fields[rate]}", table_column=_whole()),
+                         TimeElapsedColumn(table_column=_whole()),
+                         TextColumn("ETA", table_column=_whole()),
+                         TimeRemainingColumn(table_column=_whole()), console=console,
+                         **options)
+
+    def get_renderables(self) -> Iterable[RenderableType]:
+        table = self.make_tasks_table(self.tasks)
+        screen = self._screen
+        if screen.measure(table, options=screen.options.update_width(10**6)).maximum \
+                <= screen.width:
+            yield table
+            return
+        wide, self.columns = self.columns, self._narrow
+        try:
+            table = self.make_tasks_table(self.tasks)
+        finally:
+            self.columns = wide
+        yield table
+        for task in self.tasks:
+            if task.fields.get("outcomes"):
+                yield Text(task.fields["outcomes"], overflow="fold")
+
+
 class _Session:
     def __init__(self, config: Config, options: BatchOptions, todo: list[Work],
-                 writer: ResultsWriter, progress_console: Console) -> None:
+                 writer: ResultsFile, progress_console: Console) -> None:
         self.config = config
         self.options = options
         self.todo = todo
@@ -371,6 +524,7 @@ class _Session:
         self.finals: dict[str, _Final] = {}  # key -> how it ended, in this run
         self.ran_per_model: Counter[str] = Counter()  # units that ended, per model
         self.interrupted = False
+        self.stopped = False  # the results file cannot be written: nothing new is sent
         self._submitting = trio.CancelScope()
         self._bar: tuple[Progress, TaskID, float] | None = None
         self.by_key = {unit.key: unit for unit in todo}
@@ -484,9 +638,10 @@ class _Session:
         if redo:
             self._redoing -= 1
         cut = self._is_cut(unit, result)
-        again = cut and redo < MAX_REDOS and not self.interrupted
+        again = cut and redo < MAX_REDOS and not self.interrupted and not self.stopped
         record = batch_record(unit, result, cut=again, redo=redo)
-        self.writer.write(record)
+        if not self.writer.write(record):
+            self._stop_sending()
         sent = self._submitted.pop(unit.key)
         if again:
             self._cut(unit, sent, result.others_running + 1)
@@ -551,7 +706,7 @@ class _Session:
         return (result.outcome == Outcome.COMPLETED and result.usage is None
                 and result.others_running > 0 and not self._usage_seen
                 and not self._usage_optional and self.redos[unit.key] < MAX_REDOS
-                and not self.interrupted)
+                and not self.interrupted and not self.stopped)
 
     def _redo_suspects(self) -> None:
         """Usage came: the streams that completed without it while others ran were cut
@@ -593,7 +748,7 @@ class _Session:
                              f" still cut after {MAX_REDOS} redos")
         for name, count in self.excused.items():
             if count:
-                lines.append(f"{inert(name)}: {count} of its streams that ended while others "
+                lines.append(f"{printable(name)}: {count} of its streams that ended while others "
                              "ran were redone; it ends that way alone too, so it was not the "
                              "server cutting them" + (
                                  f"; concurrency is back to {self.endpoint.limit}"
@@ -607,10 +762,18 @@ class _Session:
         self._submitting.cancel()
         fan.cancel_all()
 
+    def _stop_sending(self) -> None:
+        # The results file cannot be written (a full disk): what is sent from now on
+        # could not be kept.  The streams in flight run on; each is tried.
+        self.stopped = True
+        self._submitting.cancel()
+
     async def _fsync_every_second(self) -> None:
         while True:
             await trio.sleep(1)
             await trio.to_thread.run_sync(self.writer.sync)
+            if self.writer.error is not None and not self.stopped:
+                self._stop_sending()
 
     async def _progress(self) -> None:
         total = len(self.todo)
@@ -620,10 +783,7 @@ class _Session:
             while True:
                 await trio.sleep(PLAIN_PROGRESS_EVERY)
                 console.print(self._line(total, trio.current_time() - start), soft_wrap=True)
-        columns = (TextColumn("fanout batch"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("{task.fields[outcomes]}"), TextColumn("{task.fields[rate]}"),
-                   TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
-        with Progress(*columns, console=console, auto_refresh=False, transient=False) as bar:
+        with _Bar(console=console, auto_refresh=False, transient=False) as bar:
             self._bar = (bar, bar.add_task("batch", total=total, outcomes="", rate=""),
                          trio.current_time())
             while True:

@@ -1,64 +1,132 @@
 """Per-model summary of a results file: what ``fanout batch`` prints at its end and
 ``fanout report RESULTS.jsonl`` prints any time.
 
-Outcomes, latencies and tokens count each key's latest record (a redo
-replaces a failure); 429s and the time spent waiting on them count every
-record, since every attempt cost something.  A completed record with an
-empty answer counts as ``empty``, apart from ``completed``.
+Outcomes, latencies, tokens and the reasons for failures count each key's
+latest record (a redo replaces a failure); 429s and the time spent waiting on
+them count every record, since every attempt cost something.  A completed
+record with an empty answer counts as ``empty``, apart from ``completed``.
+Tokens are ``None`` (shown ``-``) when no record of the model had usage: unknown
+is not zero; a sum over only some of them is shown with a ``+``.
+
+Any record shape is summarised without failing: a field of the wrong type
+counts as missing.  Text from a results file reaches a terminal only through
+``printable`` (escapes and controls removed, lone surrogates replaced).
+
+The table fits the console: one table where it is wide enough (about 150
+columns), else two tables (outcomes; latency, tokens and 429s), with two-line
+headers when narrower, the model column folding; below about 60 columns one
+block per model.  Every number is whole in each layout.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import re
 import statistics
 import sys
-from collections.abc import Iterable, Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TextIO
 
 from rich import box
-from rich.console import Console
+from rich.cells import cell_len
+from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from .common import format_seconds, text_console
-from .results import STATES, iter_records, state_of, work_key
+from .common import format_seconds
+from .render import inert
+from .results import STATES, RecordReader, state_of, work_key
 
-__all__ = ["model_summary", "report", "summary_table"]
+__all__ = ["model_summary", "printable", "report", "summary_console", "summary_table",
+           "summary_view"]
 
 OUTCOMES = STATES
+#: Failure kinds listed per model (in the summary; ``--json`` keeps up to 10).
+SHOWN_REASONS = 3
+KEPT_REASONS = 10
+#: The narrowest the model column gets before a layout gives up for the next one.
+MODEL_MIN = 8
+
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    """``text`` safe for a terminal and for any encoder: escape sequences and control
+    characters removed (``inert``), lone surrogates replaced by U+FFFD."""
+    return inert(_SURROGATES.sub("\ufffd", text))
+
+
+# ------------------------------------------------------------------------ numbers
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an integer past 1e308
+        return None
+    return number if math.isfinite(number) and number >= 0 else None
+
+
+def _count(value: object) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
+
+
+def _field(record: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    value = record.get(name)
+    return value if isinstance(value, dict) else {}
+
+
+def _reason(record: Mapping[str, Any], state: str) -> str:
+    reason = record.get("reason")
+    if isinstance(reason, str) and reason.strip():
+        return " ".join(reason.split())[:300]
+    if state == "empty":
+        return "no text, reasoning, refusal or tool call (flagged empty_answer)"
+    if state == "truncated" and record.get("cut") is True:
+        return "cut by the server while others ran; its redo never ran"
+    return "no reason recorded"
 
 
 def model_summary(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """model -> its numbers, from every record of a results file in file order."""
-    latest: dict[str, Mapping[str, Any]] = {}
+    latest: dict[str, dict[str, Any]] = {}
     cost: dict[str, dict[str, float]] = {}
     for record in records:
         # Only what the summary reads: a results file can be far bigger than memory.
-        metrics = record.get("metrics") or {}
-        usage = record.get("usage") or {}
-        latest[work_key(record["id"], record["model"], record["sample"])] = {
-            "model": record["model"], "outcome": state_of(record),
-            "metrics": {"ttft": metrics.get("ttft"),
-                        "tokens_per_second": metrics.get("tokens_per_second")},
-            "usage": {"prompt_tokens": usage.get("prompt_tokens"),
-                      "completion_tokens": usage.get("completion_tokens")},
+        model = str(record["model"])
+        metrics, usage = _field(record, "metrics"), record.get("usage")
+        state = state_of(record)
+        row: dict[str, Any] = {
+            "model": model, "outcome": state,
+            "ttft": _number(metrics.get("ttft")),
+            "rate": _number(metrics.get("tokens_per_second")),
+            "usage": None if not isinstance(usage, dict) else (
+                _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens"))),
         }
-        spent = cost.setdefault(str(record["model"]), {"rate_limited": 0, "retry_wait": 0.0})
-        spent["rate_limited"] += record.get("rate_limited") or 0
-        spent["retry_wait"] += record.get("retry_wait") or 0.0
-    by_model: dict[str, list[Mapping[str, Any]]] = {}
-    for record in latest.values():
-        by_model.setdefault(str(record["model"]), []).append(record)
+        if state != "completed":
+            status = _count(record.get("status"))
+            row["why"] = (state, status if state == "error" else None, _reason(record, state))
+        latest[work_key(record["id"], model, record["sample"])] = row
+        spent = cost.setdefault(model, {"rate_limited": 0, "retry_wait": 0.0})
+        spent["rate_limited"] += _count(record.get("rate_limited")) or 0
+        spent["retry_wait"] += _number(record.get("retry_wait")) or 0.0
+    by_model: dict[str, list[dict[str, Any]]] = {}
+    for row in latest.values():
+        by_model.setdefault(row["model"], []).append(row)
     summary: dict[str, dict[str, Any]] = {}
     for model in sorted(by_model):
         rows = by_model[model]
-        counts = {outcome: 0 for outcome in OUTCOMES}
+        counts = dict.fromkeys(OUTCOMES, 0)
         for row in rows:
             counts[row["outcome"]] = counts.get(row["outcome"], 0) + 1
-        ttft = sorted(_metric(rows, "ttft"))
-        rates = sorted(_metric(rows, "tokens_per_second"))
-        usage = [row.get("usage") or {} for row in rows]
+        ttft = sorted(r["ttft"] for r in rows if r["ttft"] is not None)
+        rates = sorted(r["rate"] for r in rows if r["rate"] is not None)
         summary[model] = {
             "runs": len(rows),
             **counts,
@@ -66,48 +134,36 @@ def model_summary(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, A
             "ttft_p50": _percentile(ttft, 50),
             "ttft_p95": _percentile(ttft, 95),
             "tokens_per_second_p50": _percentile(rates, 50),
-            "tokens_in": sum(u.get("prompt_tokens") or 0 for u in usage),
-            "tokens_out": sum(u.get("completion_tokens") or 0 for u in usage),
+            **_tokens(rows),
             "rate_limited": int(cost[model]["rate_limited"]),
             "retry_wait": round(cost[model]["retry_wait"], 3),
+            "reasons": _reasons(rows),
         }
     return summary
 
 
-def summary_table(summary: Mapping[str, Mapping[str, Any]]) -> Table:
-    """The summary as a table for the terminal."""
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False)
-    columns = ("model", "runs", "completed", "empty", "truncated", "error", "timed out",
-               "cancelled",
-               "TTFT p50", "TTFT p95", "tok/s p50", "tokens in", "tokens out", "429s",
-               "429 wait")
-    for name in columns:
-        table.add_column(name, justify="left" if name == "model" else "right", no_wrap=True)
-    for model, row in summary.items():
-        failed = row["runs"] - row["completed"]
-        table.add_row(
-            Text(model),
-            str(row["runs"]),
-            Text(f"{row['completed']} ({row['completed_pct']:.0f}%)",
-                 "green" if not failed else "yellow"),
-            *(Text(str(row[k]), "red" if row[k] else "dim")
-              for k in ("empty", "truncated", "error", "timed_out", "cancelled")),
-            format_seconds(row["ttft_p50"]), format_seconds(row["ttft_p95"]),
-            "-" if row["tokens_per_second_p50"] is None
-            else f"{row['tokens_per_second_p50']:.0f}",
-            f"{row['tokens_in']:,}", f"{row['tokens_out']:,}",
-            Text(str(row["rate_limited"]), "yellow" if row["rate_limited"] else "dim"),
-            f"{row['retry_wait']:.1f}s")
-    return table
+def _tokens(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Sums over the records that had usage; ``None`` when none did (unknown, not 0)."""
+    ins = [r["usage"][0] for r in rows if r["usage"] and r["usage"][0] is not None]
+    outs = [r["usage"][1] for r in rows if r["usage"] and r["usage"][1] is not None]
+    return {"tokens_in": sum(ins) if ins else None, "tokens_out": sum(outs) if outs else None,
+            "tokens_in_known": len(ins), "tokens_out_known": len(outs)}
 
 
-def _metric(rows: Iterable[Mapping[str, Any]], name: str) -> list[float]:
-    values = []
+def _reasons(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Why the model's streams did not complete, most common first: one entry per
+    (state, HTTP status, reason with its numbers blanked), with the first example."""
+    groups: Counter[tuple[str, int | None, str]] = Counter()
+    example: dict[tuple[str, int | None, str], str] = {}
     for row in rows:
-        value = (row.get("metrics") or {}).get(name)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            values.append(float(value))
-    return values
+        if "why" not in row:
+            continue
+        state, status, reason = row["why"]
+        key = (state, status, re.sub(r"\d+(?:\.\d+)?", "#", reason))
+        groups[key] += 1
+        example.setdefault(key, reason)
+    return [{"outcome": key[0], "status": key[1], "reason": example[key], "count": count}
+            for key, count in groups.most_common(KEPT_REASONS)]
 
 
 def _percentile(ordered: list[float], pct: float) -> float | None:
@@ -119,21 +175,191 @@ def _percentile(ordered: list[float], pct: float) -> float | None:
     return ordered[max(0, math.ceil(pct / 100 * len(ordered)) - 1)]
 
 
+# ------------------------------------------------------------------------- layout
+
+_OUTCOME_COLUMNS = (("runs", "runs"), ("completed", "completed"), ("empty", "empty"),
+                    ("truncated", "truncated"), ("error", "error"),
+                    ("timed out", "timed\nout"), ("cancelled", "cancelled"))
+_COST_COLUMNS = (("TTFT p50", "TTFT\np50"), ("TTFT p95", "TTFT\np95"),
+                 ("tok/s p50", "tok/s\np50"), ("tokens in", "tokens\nin"),
+                 ("tokens out", "tokens\nout"), ("429s", "429s"), ("429 wait", "429\nwait"))
+
+
+def _tokens_cell(total: int | None, known: int, runs: int) -> str:
+    if total is None:
+        return "-"
+    return f"{total:,}" + ("+" if known < runs else "")
+
+
+def _cells(row: Mapping[str, Any]) -> dict[str, Text]:
+    """Every cell of a model's row, by column name."""
+    failed = row["runs"] - row["completed"]
+    cells = {
+        "runs": Text(str(row["runs"])),
+        "completed": Text(f"{row['completed']} ({row['completed_pct']:.0f}%)",
+                          "green" if not failed else "yellow"),
+        **{label: Text(str(row[key]), "red" if row[key] else "dim")
+           for label, key in (("empty", "empty"), ("truncated", "truncated"),
+                              ("error", "error"), ("timed out", "timed_out"),
+                              ("cancelled", "cancelled"))},
+        "TTFT p50": Text(format_seconds(row["ttft_p50"])),
+        "TTFT p95": Text(format_seconds(row["ttft_p95"])),
+        "tok/s p50": Text("-" if row["tokens_per_second_p50"] is None
+                          else f"{row['tokens_per_second_p50']:.0f}"),
+        "tokens in": Text(_tokens_cell(row["tokens_in"], row["tokens_in_known"], row["runs"])),
+        "tokens out": Text(_tokens_cell(row["tokens_out"], row["tokens_out_known"],
+                                        row["runs"])),
+        "429s": Text(str(row["rate_limited"]), "yellow" if row["rate_limited"] else "dim"),
+        "429 wait": Text(f"{row['retry_wait']:.1f}s"),
+    }
+    return cells
+
+
+def _table(summary: Mapping[str, Mapping[str, Any]], columns: Sequence[tuple[str, str]], *,
+           narrow: bool) -> Table:
+    if narrow:
+        table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                      padding=(0, 1, 0, 0))
+    else:
+        table = Table(box=box.SIMPLE_HEAD, show_edge=False)
+    table.add_column("model", justify="left", overflow="fold")
+    for label, short in columns:
+        table.add_column(short if narrow else label, justify="right", no_wrap=True)
+    for model, row in summary.items():
+        cells = _cells(row)
+        table.add_row(Text(printable(model)), *(cells[label] for label, _ in columns))
+    return table
+
+
+def summary_table(summary: Mapping[str, Mapping[str, Any]]) -> Table:
+    """The summary as one wide table (about 150 columns)."""
+    return _table(summary, _OUTCOME_COLUMNS + _COST_COLUMNS, narrow=False)
+
+
+def _width(console: Console, table: Table, summary: Mapping[str, Any]) -> int:
+    """How wide ``table`` is with its model column folded to at most ``MODEL_MIN``."""
+    natural = console.measure(table, options=console.options.update_width(10**6)).maximum
+    model = max([cell_len("model"), *(cell_len(printable(m)) for m in summary)])
+    return natural - model + min(model, MODEL_MIN)
+
+
+def summary_view(summary: Mapping[str, Mapping[str, Any]], console: Console) -> RenderableType:
+    """The summary laid out for ``console``'s width, with each model's top reasons."""
+    width = console.width
+    wide = summary_table(summary)
+    parts: list[RenderableType]
+    if console.measure(wide, options=console.options.update_width(10**6)).maximum <= width:
+        parts = [wide]
+    else:
+        for narrow in (False, True):
+            tables = [_table(summary, _OUTCOME_COLUMNS, narrow=narrow),
+                      _table(summary, _COST_COLUMNS, narrow=narrow)]
+            if all(_width(console, t, summary) <= width for t in tables):
+                parts = [tables[0], Text(), tables[1]]
+                break
+        else:
+            parts = _blocks(summary, width)
+    reasons = _reason_lines(summary)
+    if reasons:
+        parts += [Text(), Text("why streams did not complete (the latest record of each):"),
+                  *reasons]
+    return Group(*parts)
+
+
+def _blocks(summary: Mapping[str, Mapping[str, Any]], width: int) -> list[RenderableType]:
+    """One block per model: its name, then ``label value`` pairs, as many a line as fit
+    (a pair is never split)."""
+    parts: list[RenderableType] = []
+    for model, row in summary.items():
+        cells = _cells(row)
+        parts.append(Text(printable(model), "bold", overflow="fold"))
+        line = Text("  ")
+        for label, _ in _OUTCOME_COLUMNS + _COST_COLUMNS:
+            pair = Text.assemble((f"{label} ", "dim"), cells[label])
+            if line.cell_len > 2 and line.cell_len + 2 + pair.cell_len > width:
+                parts.append(line)
+                line = Text("  ")
+            elif line.cell_len > 2:
+                line.append("  ")
+            line.append_text(pair)
+        parts.append(line)
+    return parts
+
+
+def _reason_lines(summary: Mapping[str, Mapping[str, Any]]) -> list[Text]:
+    lines = []
+    for model, row in summary.items():
+        reasons = row["reasons"]
+        for entry in reasons[:SHOWN_REASONS]:
+            what = entry["outcome"].replace("_", " ")
+            reason = entry["reason"]
+            status = ""
+            if entry["status"] is not None:
+                status = f" HTTP {entry['status']}"
+                reason = reason.removeprefix(f"HTTP {entry['status']}: ")
+            line = Text(f"  {printable(model)}: {entry['count']} {what}{status}: ",
+                        no_wrap=True, overflow="ellipsis")
+            line.append(printable(reason), "dim")
+            lines.append(line)
+        more = sum(entry["count"] for entry in reasons[SHOWN_REASONS:])
+        if len(reasons) > SHOWN_REASONS:
+            lines.append(Text(f"  {printable(model)}: {more} more, for other reasons "
+                              "(fanout report --json lists them)", "dim", no_wrap=True,
+                              overflow="ellipsis"))
+    return lines
+
+
+def summary_console(file: TextIO) -> Console:
+    """A console for the summary: a terminal's width; off a terminal ``COLUMNS`` when
+    set, else 240 (a file is never folded).  It never interprets what it prints."""
+    console = Console(file=file, highlight=False, emoji=False, markup=False)
+    if not console.is_terminal and not os.environ.get("COLUMNS", "").isdigit():
+        console = Console(file=file, highlight=False, emoji=False, markup=False, width=240)
+    return console
+
+
+# ------------------------------------------------------------------------- report
+
 def report(path: str, *, as_json: bool, stdout: TextIO | None = None,
            stderr: TextIO | None = None, console: Console | None = None) -> int:
-    """``fanout report RESULTS.jsonl [--json]``: the summary of a results file."""
-    out = stdout or sys.stdout
+    """``fanout report RESULTS.jsonl [--json]``: the summary of a results file.
+
+    Exit status: 0 with a summary (lines that are not records are counted on
+    stderr, a line per kind); 1 when the file holds no record (empty, or a torn
+    line only); 2 when it cannot be read or is not a results file (no record,
+    only other lines).
+    """
+    out, err = stdout or sys.stdout, stderr or sys.stderr
+    shown = printable(path)
+
+    def say(line: str) -> None:
+        print(f"fanout report: {shown}: {printable(line)}", file=err)
+
     try:
-        summary = model_summary(iter_records(path))  # streamed: the file may be big
+        with open(path, "rb") as file:
+            reader = RecordReader(file)
+            summary = model_summary(reader)  # streamed: the file may be big
     except FileNotFoundError:
-        print(f"fanout report: {path}: no such file", file=stderr or sys.stderr)
+        say("no such file")
         return 2
     except OSError as exc:
-        print(f"fanout report: {path}: cannot read: {exc.strerror or exc}",
-              file=stderr or sys.stderr)
+        say(f"cannot read: {exc.strerror or exc}")
         return 2
+    for line in reader.unreadable.describe():
+        say(line)
+    if reader.torn_bytes:
+        say(f"ignored a torn last line ({reader.torn_bytes} bytes, from an interrupted run)")
+    if not reader.records:
+        if reader.unreadable:
+            say("not a fanout results file: no line is a record (an object with id, model, "
+                "sample, outcome and content_key)")
+            return 2
+        say("no records" + (" (the file is empty)" if not reader.size else ""))
+        return 1
     if as_json:
-        out.write(json.dumps(summary, indent=2) + "\n")
+        text = json.dumps(summary, indent=2).replace("\x7f", "\\u007f")  # ASCII, inert
+        out.write(text + "\n")
         return 0
-    (console or text_console(out, wide=True)).print(summary_table(summary))
+    console = console or summary_console(out)
+    console.print(summary_view(summary, console))
     return 0

@@ -1,32 +1,69 @@
-"""The results file of ``fanout batch``: JSON Lines, append-only, crash-safe.
+"""The results file of ``fanout batch``: JSON Lines, append-only, crash-safe, one writer.
 
 One line per finished (prompt id, model, sample), written in one ``write``
 and flushed as each stream finishes; ``fsync`` at least once a second and at
-the end.  A crash (SIGKILL included) can leave one torn last line: reading
-detects it and ignores it, and the next run cuts it off before appending, so
-the file stays readable by pandas and duckdb.  A key may have several records
-(a redo after a failure, or after the server cut it): the latest one counts.
+the end.  A key may have several records (a redo after a failure, or after
+the server cut it): the latest one counts.
+
+**What a results file is**: every whole line a *record*, a JSON object with
+``id`` (a non-empty string or an integer), ``model`` (a non-empty string),
+``sample`` (an integer >= 0), ``outcome`` (one of the engine's outcomes) and
+``content_key`` (a string); blank lines are allowed, and so is an empty file
+(a new results file).  ``fanout batch`` appends only to such a file and
+refuses anything else without touching it (random bytes, its prompts file,
+another tool's JSONL, a results file with a damaged line in it).  The one
+defect it repairs is a crash's: a torn last line (no newline, not JSON, and
+the start of a record as the writer writes them: ``{"id":...,"model":...``),
+which reading ignores and the next run cuts off before appending, so the file
+stays readable by pandas and duckdb.
+
+**One run at a time**: the file is locked (``flock``, exclusive, for the
+whole run); a second ``fanout batch`` on it is refused with who holds it,
+read from ``RESULTS.jsonl.lock`` beside it (the results file's name and
+``.lock``: pid, host, start time, command; written when the lock is taken,
+removed at the end).
+
+**A write that fails** (a full disk) is undone (the file is cut back to its
+last whole line, so a later run can resume it); the record is kept and tried
+again before the next one and at the end; ``unwritten`` counts what never
+made it.
 """
 
 from __future__ import annotations
 
+import codecs
 import contextlib
+import datetime
+import errno
+import fcntl
 import hashlib
 import json
 import os
+import re
+import socket
+import stat
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, NoReturn
 
 import attrs
 import orjson
 
-__all__ = ["Existing", "ResultsWriter", "is_empty", "parse_shard", "read_results", "shard_of",
-           "state_of", "work_key"]
+from ..core.result import Outcome
+from ..records import dumps_bytes
 
+__all__ = ["OUTCOMES", "STATES", "Existing", "Line", "RecordReader", "ResultsFile",
+           "ResultsFileError", "Unreadable", "is_empty", "parse_shard", "read_results",
+           "record_problem", "scan", "shard_of", "state_of", "work_key"]
+
+#: The outcomes a record can name: the engine's.
+OUTCOMES = tuple(str(outcome) for outcome in Outcome)
 #: What a record can count as: its outcome, but ``empty`` for a completed record
 #: with an empty answer (not done, unless ``--accept-empty``).
 STATES = ("completed", "empty", "truncated", "error", "timed_out", "cancelled")
+#: Line numbers listed per kind of unreadable line; the rest are counted.
+LISTED_LINES = 10
 
 
 def work_key(prompt_id: str | int, model: str, sample: int) -> str:
@@ -36,7 +73,7 @@ def work_key(prompt_id: str | int, model: str, sample: int) -> str:
 
 def shard_of(key: str, shards: int) -> int:
     """Which of ``shards`` owns ``key``: a hash, the same on every machine and run."""
-    digest = hashlib.sha256(key.encode()).digest()
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
     return int.from_bytes(digest[:8], "big") % shards
 
 
@@ -52,6 +89,197 @@ def parse_shard(text: str) -> tuple[int, int]:
     return i, n
 
 
+# ------------------------------------------------------------------ the record shape
+
+def record_problem(value: object) -> str | None:
+    """Why ``value`` is not a results record (one short phrase), or ``None`` if it is."""
+    if not isinstance(value, dict):
+        return f"a JSON {_json_kind(value)}, not an object"
+    missing = [name for name in ("id", "model", "sample", "outcome", "content_key")
+               if name not in value]
+    if missing:
+        return f"no {', '.join(missing)}"
+    prompt_id = value["id"]
+    if isinstance(prompt_id, bool) or not isinstance(prompt_id, str | int) or (
+            isinstance(prompt_id, str) and not prompt_id):
+        return f"id is {_json_kind(prompt_id)}, not a non-empty string or an integer"
+    if not isinstance(value["model"], str) or not value["model"]:
+        return f"model is {_json_kind(value['model'])}, not a non-empty string"
+    sample = value["sample"]
+    if isinstance(sample, bool) or not isinstance(sample, int) or sample < 0:
+        return f"sample is {_json_kind(sample)}, not an integer >= 0"
+    if value["outcome"] not in OUTCOMES:
+        return f"outcome is {_json_kind(value['outcome'])}, not one of {', '.join(OUTCOMES)}"
+    if not isinstance(value["content_key"], str):
+        return f"content_key is {_json_kind(value['content_key'])}, not a string"
+    return None
+
+
+def _json_kind(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return "an empty string" if not value else repr(value) if len(value) <= 20 \
+            else "a string"
+    if isinstance(value, int | float):
+        return "a number"
+    return "an object" if isinstance(value, dict) else "a list"
+
+
+# --------------------------------------------------------------------------- reading
+
+#: Kinds of whole lines that are not records, as (one line is, several lines are).
+_KINDS = {
+    "utf8": ("is not UTF-8 text", "are not UTF-8 text"),
+    "json": ("is not JSON", "are not JSON"),
+    "shape": ("is not a fanout record", "are not fanout records"),
+}
+
+
+@attrs.frozen
+class Line:
+    """One line of a results file, as ``scan`` reads it."""
+
+    number: int
+    size: int  # bytes, with the newline
+    record: dict[str, Any] | None = None  # a record (None: blank, bad or torn)
+    kind: str | None = None  # why a whole line is not a record: a key of _KINDS
+    problem: str | None = None  # the details, for "shape"
+    torn: bool = False  # the unterminated last line: the start of a record
+
+
+def scan(file: IO[bytes]) -> Iterator[Line]:
+    """Every line of ``file`` classified, streamed (a big file stays small in memory)."""
+    for number, data in enumerate(file, 1):
+        whole = data.endswith(b"\n")
+        if not data.strip():
+            yield Line(number, len(data))
+            continue
+        value, kind = _parse(data)
+        if kind is None:
+            problem = record_problem(value)
+            if problem is None:
+                yield Line(number, len(data), record=value)
+            else:
+                yield Line(number, len(data), kind="shape", problem=problem)
+        elif not whole and _starts_a_record(data):
+            yield Line(number, len(data), torn=True)
+        else:
+            yield Line(number, len(data), kind=kind)
+
+
+def _parse(data: bytes) -> tuple[Any, str | None]:
+    try:
+        return orjson.loads(data), None
+    except orjson.JSONDecodeError:
+        pass
+    try:  # what orjson refuses but JSON allows: lone surrogate escapes, huge integers
+        return json.loads(data.decode("utf-8")), None
+    except UnicodeDecodeError:
+        return None, "utf8"
+    except (ValueError, RecursionError):
+        return None, "json"
+
+
+_HEAD = b'{"id":'
+_ID = re.compile(rb'-?\d+|"(?:[^"\\]|\\.)*"')
+_ID_TORN = re.compile(rb'-?\d*|"(?:[^"\\]|\\.)*\\?')
+_MODEL = b',"model":'
+
+
+def _starts_a_record(data: bytes) -> bool:
+    """Whether ``data`` (a last line without its newline, not JSON) is a torn record:
+    how ``ResultsFile.write`` starts every line (``{"id":ID,"model":``, or the stdlib's
+    spacing), valid UTF-8 as far as it goes, no raw control character."""
+    if len(data) <= len(_HEAD):
+        return _HEAD.startswith(data)
+    if not data.startswith(_HEAD) or any(byte < 0x20 for byte in data):
+        return False
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(data, final=False)
+    except UnicodeDecodeError:
+        return False
+    rest = data[len(_HEAD):].removeprefix(b" ")
+    match = _ID.match(rest)
+    if match is None:
+        return _ID_TORN.fullmatch(rest) is not None
+    rest = rest[match.end():]
+    if rest.startswith(b", "):
+        rest = b"," + rest[2:]
+    if rest.startswith(b',"model": '):
+        rest = _MODEL + rest[len(_MODEL) + 1:]
+    return _MODEL.startswith(rest) if len(rest) <= len(_MODEL) else rest.startswith(_MODEL)
+
+
+@attrs.define
+class Unreadable:
+    """The whole lines that are not records, by kind: counts and the first line numbers."""
+
+    counts: dict[str, int] = attrs.Factory(dict)
+    lines: dict[str, list[int]] = attrs.Factory(dict)
+    first_problem: dict[int, str] = attrs.Factory(dict)  # line -> what is wrong ("shape")
+
+    def add(self, line: Line) -> None:
+        assert line.kind is not None
+        self.counts[line.kind] = self.counts.get(line.kind, 0) + 1
+        listed = self.lines.setdefault(line.kind, [])
+        if len(listed) < LISTED_LINES:
+            listed.append(line.number)
+        if line.problem and not any(n in self.first_problem for n in listed[:-1]):
+            self.first_problem[line.number] = line.problem
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def __bool__(self) -> bool:
+        return bool(self.counts)
+
+    def describe(self) -> list[str]:
+        """One line per kind: ``3 lines are not JSON (lines 2, 5, 9)``."""
+        out = []
+        for kind, count in self.counts.items():
+            one, several = _KINDS[kind]
+            listed = self.lines[kind]
+            numbers = ", ".join(map(str, listed)) + (", …" if count > len(listed) else "")
+            detail = next((f" ({'' if len(listed) == 1 else f'line {n}: '}"
+                           f"{self.first_problem[n]})" for n in listed
+                           if n in self.first_problem), "")
+            out.append(f"{count} line{'s' if count != 1 else ''} "
+                       f"{several if count != 1 else one}: "
+                       f"{'lines' if len(listed) > 1 else 'line'} {numbers}{detail}")
+        return out
+
+
+class RecordReader:
+    """The records of a results file in order (what ``fanout report`` reads), streamed;
+    afterwards ``unreadable``, ``torn_bytes`` and ``records`` say what else it held."""
+
+    def __init__(self, file: IO[bytes]) -> None:
+        self._file = file
+        self.unreadable = Unreadable()
+        self.records = 0
+        self.lines = 0  # lines that are not blank
+        self.size = 0  # bytes read
+        self.torn_bytes = 0
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for line in scan(self._file):
+            self.size += line.size
+            if line.record is not None:
+                self.records += 1
+                self.lines += 1
+                yield line.record
+            elif line.torn:
+                self.torn_bytes = line.size
+                self.lines += 1
+            elif line.kind is not None:
+                self.unreadable.add(line)
+                self.lines += 1
+
+
 @attrs.define
 class Existing:
     """What a results file already holds."""
@@ -59,63 +287,34 @@ class Existing:
     # key -> its latest record, cut to what resuming needs (a big file stays small here)
     latest: dict[str, dict[str, Any]] = attrs.Factory(dict)
     records: int = 0
-    valid_size: int = 0  # bytes up to the end of the last whole line
+    valid_size: int = 0  # bytes up to the end of the last whole line (or whole record)
     torn_bytes: int = 0  # a torn last line (from a crash): ignored, cut before appending
-    bad_lines: list[int] = attrs.Factory(list)  # whole lines that are not records
+    unreadable: Unreadable = attrs.Factory(Unreadable)  # whole lines that are not records
 
 
-def read_results(path: str | os.PathLike[str]) -> Existing:
-    """Read a results file (a missing one is empty); never raises on bad content.
-
-    Streams the file line by line: only each key's outcome is kept.
-    """
+def read_existing(file: IO[bytes]) -> Existing:
+    """What ``file`` holds (from its start), never raising on its content."""
     existing = Existing()
-    try:
-        file = open(path, "rb")  # noqa: SIM115 (closed just below; missing is no error)
-    except FileNotFoundError:
-        return existing
-    with file:
-        for number, line in enumerate(file, 1):
-            if not line.endswith(b"\n"):  # the last line, unterminated
-                record = _record(line) if line.strip() else None
-                if record is not None:  # whole (not written by us): keep it
-                    existing.valid_size += len(line)
-                    _keep(existing, record)
-                else:
-                    existing.torn_bytes = len(line)
-                break
-            existing.valid_size += len(line)
-            if not line.strip():
-                continue
-            record = _record(line)
-            if record is None:
-                existing.bad_lines.append(number)
-            else:
-                _keep(existing, record)
+    for line in scan(file):
+        if line.torn:
+            existing.torn_bytes = line.size
+            break
+        existing.valid_size += line.size
+        if line.record is not None:
+            _keep(existing, line.record)
+        elif line.kind is not None:
+            existing.unreadable.add(line)
     return existing
 
 
-def iter_records(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    """Every readable record of a results file, in order (for reports), streamed."""
-    with open(path, "rb") as file:
-        for line in file:
-            if line.strip():
-                record = _record(line)
-                if record is not None:
-                    yield record
-
-
-def _record(line: bytes) -> dict[str, Any] | None:
+def read_results(path: str | os.PathLike[str]) -> Existing:
+    """What the results file at ``path`` holds (a missing one is empty)."""
     try:
-        record = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        try:
-            record = json.loads(line)
-        except (ValueError, UnicodeDecodeError):
-            return None
-    if not isinstance(record, dict) or not {"id", "model", "sample", "outcome"} <= record.keys():
-        return None
-    return record
+        file = open(path, "rb")  # noqa: SIM115 (closed just below; missing is no error)
+    except FileNotFoundError:
+        return Existing()
+    with file:
+        return read_existing(file)
 
 
 def is_empty(record: Mapping[str, Any]) -> bool:
@@ -149,7 +348,7 @@ def state_of(record: Mapping[str, Any]) -> str:
     outcome = str(record.get("outcome"))
     if outcome != "completed":
         return outcome
-    if record.get("cut"):
+    if record.get("cut") is True:
         return "truncated"
     return "empty" if is_empty(record) else "completed"
 
@@ -166,53 +365,215 @@ def _keep(existing: Existing, record: dict[str, Any]) -> None:
     existing.latest[key] = kept
 
 
-class ResultsWriter:
-    """Appends records to a results file; ``sync()`` makes them durable."""
+# --------------------------------------------------------------------------- writing
 
-    def __init__(self, path: str | os.PathLike[str], existing: Existing) -> None:
+class ResultsFileError(Exception):
+    """The results file cannot be used as asked; the message is one line that names it."""
+
+
+def lock_path(path: str | os.PathLike[str]) -> Path:
+    """Where the holder of a results file's lock says who it is."""
+    path = Path(path)
+    return path.with_name(path.name + ".lock")
+
+
+def _why(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+class ResultsFile:
+    """A results file open for one run: locked, checked, appended to.
+
+    ``ResultsFile(path)`` opens ``path`` (creating an empty one) and refuses it
+    with ``ResultsFileError`` when it is not a regular file, is ``not_same_as``
+    the given file (the prompts), is locked by another run, or is not a results
+    file; otherwise ``existing`` says what it holds, and a torn last line has
+    been cut off.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *,
+                 not_same_as: tuple[str, os.stat_result] | None = None) -> None:
         self.path = Path(path)
-        if not self.path.parent.is_dir():
-            raise FileNotFoundError(f"{self.path.parent}: no such directory")
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self._dirty = False
-        size = os.fstat(self._fd).st_size
-        if existing.torn_bytes and size == existing.valid_size + existing.torn_bytes:
-            os.ftruncate(self._fd, existing.valid_size)  # the torn line of a crashed run
-        elif size and existing.valid_size == size and not self._ends_with_newline():
-            self._write(b"\n")  # a whole last record without its newline
+        self.error: OSError | None = None  # the first write or fsync that failed
+        self.unwritten: list[tuple[str, bytes]] = []  # (key, line) not written (yet)
         self.written = 0
+        self._dirty = False
+        self._lock_file: Path | None = None
+        self._broken = False  # a failed write could not be undone: no more writes
+        self._size = -1  # the file's size, as far as this run wrote it
+        self._fd = self._open()
+        try:
+            self._check(not_same_as)
+            self._lock()
+            self._say_who()
+            with open(os.dup(self._fd), "rb") as file:
+                self.existing = read_existing(file)
+            self._accept()
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self) -> int:
+        flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOCTTY
+        try:
+            mode = os.stat(self.path)
+        except OSError:
+            pass  # missing (created below), or whatever opening it will say
+        else:
+            if not stat.S_ISREG(mode.st_mode) and not stat.S_ISDIR(mode.st_mode):
+                self._not_regular(mode)  # before opening it: a device may act on an open
+        try:
+            return os.open(self.path, flags, 0o644)
+        except OSError as exc:
+            hint = ""
+            if isinstance(exc, FileNotFoundError) and not self.path.parent.is_dir():
+                hint = f" ({self.path.parent}/ does not exist)"
+            raise ResultsFileError(f"{self.path}: cannot open for writing: {_why(exc)}{hint}"
+                                   ) from None
+
+    def _check(self, not_same_as: tuple[str, os.stat_result] | None) -> None:
+        mode = os.fstat(self._fd)
+        if not_same_as is not None:
+            name, other = not_same_as
+            if (mode.st_dev, mode.st_ino) == (other.st_dev, other.st_ino):
+                raise ResultsFileError(f"{self.path}: is {name} (the same file); name "
+                                       "another output")
+        if not stat.S_ISREG(mode.st_mode):
+            self._not_regular(mode)
+
+    def _not_regular(self, mode: os.stat_result) -> NoReturn:
+        raise ResultsFileError(f"{self.path}: not a regular file ({_file_kind(mode)}): a "
+                               "results file is read back, locked and appended to")
+
+    def _lock(self) -> None:
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ResultsFileError(f"{self.path}: in use by another fanout batch "
+                                   f"({_holder(lock_path(self.path))}); wait for it to end, "
+                                   "or name another output") from None
+        except OSError as exc:  # a file system without locks: say so, do not run unlocked
+            raise ResultsFileError(f"{self.path}: cannot lock: {_why(exc)}") from None
+
+    def _accept(self) -> None:
+        existing = self.existing
+        if existing.unreadable:
+            total = existing.records + existing.unreadable.total
+            first = existing.unreadable.describe()[0]
+            raise ResultsFileError(
+                f"{self.path}: not a fanout results file: {existing.unreadable.total} of its "
+                f"{total} lines are not records ({first}); it is left as it was: name "
+                "another output, or fix or remove those lines")
+        try:
+            size = os.fstat(self._fd).st_size
+            if existing.torn_bytes and size == existing.valid_size + existing.torn_bytes:
+                os.ftruncate(self._fd, existing.valid_size)  # the torn line of a crashed run
+            self._size = os.fstat(self._fd).st_size
+            if self._size and existing.valid_size == self._size \
+                    and not self._ends_with_newline():
+                self._append(b"\n")  # a whole last record without its newline
+        except OSError as exc:
+            raise ResultsFileError(f"{self.path}: cannot write: {_why(exc)}") from None
 
     def _ends_with_newline(self) -> bool:
-        with open(self.path, "rb") as file:
-            file.seek(-1, os.SEEK_END)
-            return file.read(1) == b"\n"
+        return os.pread(self._fd, 1, self._size - 1) == b"\n"
 
-    def write(self, record: Mapping[str, Any]) -> None:
-        """One record, one line, one ``write``: never interleaved, at worst torn."""
+    def _say_who(self) -> None:
+        # Who holds the lock, for a second run to tell its user.  Best effort: the lock
+        # itself is what keeps a second run out.
+        where = lock_path(self.path)
+        text = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                           "started": datetime.datetime.now(datetime.UTC).isoformat(
+                               timespec="seconds"),
+                           "argv": sys.argv})
+        self._lock_file = where  # removed at close, also if this write fails halfway
+        with contextlib.suppress(OSError):
+            where.write_bytes(text.encode("utf-8", "backslashreplace") + b"\n")
+
+    # ------------------------------------------------------------------ appending
+
+    def write(self, record: Mapping[str, Any]) -> bool:
+        """One record, one line, one ``write`` (never interleaved, at worst undone);
+        whether it is in the file (if not, ``error`` says why; it is tried again)."""
         try:
-            line = orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
-        except TypeError:  # what orjson refuses (integers over 64 bits): the stdlib
-            line = (json.dumps(record, ensure_ascii=False) + "\n").encode()
-        self._write(line)
-        self.written += 1
+            key = work_key(record["id"], record["model"], record["sample"])
+        except KeyError:
+            key = ""
+        self.unwritten.append((key, dumps_bytes(record)))
+        return self._flush_unwritten()
 
-    def _write(self, data: bytes) -> None:
+    def _flush_unwritten(self) -> bool:
+        while self.unwritten:
+            try:
+                self._append(self.unwritten[0][1])
+            except OSError as exc:
+                if self.error is None:
+                    self.error = exc
+                return False
+            self.unwritten.pop(0)
+            self.written += 1
+        return True
+
+    def _append(self, data: bytes) -> None:
+        if self._broken:
+            raise OSError(errno.EIO, "a failed write could not be undone: no more writes")
         view = memoryview(data)
-        while view:
-            view = view[os.write(self._fd, view):]
-        self._dirty = True
+        try:
+            while view:
+                view = view[os.write(self._fd, view):]
+        except OSError:
+            if view.nbytes != len(data):
+                # Part of the line went in: cut it off again, or the next record would be
+                # glued to it (a bad line in the middle of the file, refused on resume).
+                try:
+                    os.ftruncate(self._fd, self._size)
+                except OSError:
+                    self._broken = True
+            raise
+        finally:
+            self._dirty = True
+        self._size += len(data)
 
     @property
     def fileno(self) -> int:
         return self._fd
 
     def sync(self) -> None:
-        """``fsync`` if anything was written since the last one."""
-        if self._dirty:
+        """``fsync`` if anything was written since the last one (a failure: ``error``)."""
+        if self._dirty and self._fd >= 0:
             self._dirty = False
-            os.fsync(self._fd)
+            try:
+                os.fsync(self._fd)
+            except OSError as exc:
+                if self.error is None:
+                    self.error = exc
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.sync()
+        """Try the unwritten records once more, ``fsync``, unlock, close."""
+        if self._fd < 0:
+            return
+        if self.unwritten:
+            self._flush_unwritten()
+        self.sync()
+        if self._lock_file is not None:  # before unlocking: a next holder writes its own
+            with contextlib.suppress(OSError):
+                self._lock_file.unlink()
         os.close(self._fd)
+        self._fd = -1
+
+
+def _file_kind(mode: os.stat_result) -> str:
+    kinds = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISFIFO, "a pipe"), (stat.S_ISSOCK, "a socket"))
+    return next((name for test, name in kinds if test(mode.st_mode)), "not a file")
+
+
+def _holder(where: Path) -> str:
+    """Who holds a results file's lock, from its lock file."""
+    try:
+        data = json.loads(where.read_bytes())
+        return f"pid {int(data['pid'])} on {data['host']}, since {data['started']}"
+    except FileNotFoundError:
+        return f"who holds it is not known yet: {where} is not there"
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"who holds it is not known: {where} is unreadable"

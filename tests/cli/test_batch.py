@@ -221,7 +221,7 @@ def test_a_torn_last_line_from_a_crash(tmp_path: Path, config: str) -> None:
     output.write_bytes(b"".join(lines[:2]) + lines[2][:40])  # the third record, torn
     status, _, err = batch(prompts, str(output), config, "fast")
     assert status == 0
-    assert "ignored a torn last line (40 bytes, from an interrupted run)" in err
+    assert "cut off a torn last line (40 bytes, from an interrupted run) before appending" in err
     assert "2 already completed, 1 to run" in err
     rows = records(str(output))  # every line parses again
     assert len(rows) == 3 and rows[:2] == [json.loads(line) for line in lines[:2]]
@@ -365,7 +365,9 @@ def test_ctrl_c_records_the_streams_in_flight_as_cancelled(tmp_path: Path, confi
     assert process.returncode == 130, err
     assert "Traceback" not in err
     assert "interrupted: the streams in flight were recorded as cancelled" in err
-    assert " slow " in out  # the summary was printed
+    # The summary was printed (as wide as COLUMNS says: GNU readline, loaded by pytest,
+    # exports the terminal's size to children).
+    assert any(line.split()[:1] == ["slow"] for line in out.splitlines())
     rows = records(str(output))
     cancelled = [r for r in rows if r["outcome"] == "cancelled"]
     assert cancelled and all(r["model"] == "slow" for r in cancelled)
@@ -522,3 +524,58 @@ def test_a_single_slot_server_still_completes_every_unit(tmp_path: Path, cut: st
                     "this endpoint (or --concurrency 1)")
     assert "not completed" not in err
     assert all(f" m{i} " in out for i in range(4))  # the summary
+
+
+# ---------------------------------------------------------------- the first run
+
+def test_the_default_config_runs_its_batch_models_and_completes(tmp_path: Path) -> None:
+    # No fanout.toml here: the checkout's config/default.toml, whose [batch] models are
+    # the well-behaved embedded ones (the fault models are for -m).
+    from fanout.config import load_config
+    expected = load_config(cwd=tmp_path).batch
+    assert expected and not any(
+        m.id.startswith("fault/") for m in load_config(cwd=tmp_path).select(expected))
+    prompts = prompts_file(tmp_path, 2)
+    done = subprocess.run([*COMMAND, "batch", prompts, "-o", "results.jsonl"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "run the same command again" not in done.stderr
+    assert f"{2 * len(expected)} streams: 2 prompts x {len(expected)} models" in done.stderr
+    rows = records(str(tmp_path / "results.jsonl"))
+    assert {r["model"] for r in rows} == set(expected)
+    assert {r["outcome"] for r in rows} == {"completed"}
+
+
+def test_the_readme_s_duckdb_query_counts_each_key_s_latest_record(tmp_path: Path) -> None:
+    import re
+
+    import duckdb
+
+    from fanout.cli.report import report
+
+    readme = (Path(__file__).parent.parent.parent / "README.md").read_text()
+    query = re.search(r'duckdb\.sql\("""(.*?)"""\)', readme, re.S)
+    assert query is not None
+    # One slot, four names: cut streams are redone, so keys have several records.
+    config = tmp_path / "slot.toml"
+    config.write_text('[endpoint]\nbase_url = "embedded"\n[deadlines]\nidle = 5\ntotal = 60\n'
+                      + "".join(f'[[models]]\nname = "m{i}"\nid = "slot/clean:0.005"\n'
+                                'params = { max_tokens = 10 }\n' for i in range(4)))
+    prompts = prompts_file(tmp_path, 10)
+    output = tmp_path / "results.jsonl"
+    batch(prompts, str(output), str(config), concurrency=4)
+    # And a second run that redoes a failure: the first record says error, the last completed.
+    rows = records(str(output))
+    first = {**rows[-1], "outcome": "error", "finished_at": "2000-01-01T00:00:00.000+00:00"}
+    output.write_text(json.dumps(first) + "\n" + output.read_text())
+    assert len(rows) + 1 > 40  # redone keys
+    summary = io.StringIO()
+    assert report(str(output), as_json=True, stdout=summary) == 0
+    expected = [(model, row["runs"], row["completed"])
+                for model, row in sorted(json.loads(summary.getvalue()).items())]
+    sql = query.group(1).replace("results.jsonl", str(output))
+    got = [(model, runs, completed) for model, runs, completed, _ in duckdb.sql(sql).fetchall()]
+    assert got == expected == [(f"m{i}", 10, 10) for i in range(4)]
+    naive = duckdb.sql(f"select model, count(*) from read_json_auto('{output}') group by model "
+                       "order by model").fetchall()
+    assert sum(n for _, n in naive) > 40  # what the old example counted

@@ -18,7 +18,7 @@ from fanout.cli.prompts import PromptFileError, load_prompts
 from fanout.cli.ratelimit import AdaptiveLimit, EndpointLimit
 from fanout.cli.report import _percentile, model_summary
 from fanout.cli.results import (
-    ResultsWriter,
+    ResultsFile,
     parse_shard,
     read_results,
     shard_of,
@@ -167,7 +167,8 @@ def test_parse_shard(text: str, error: str | None) -> None:
 # --------------------------------------------------------------- results file
 
 def record(prompt_id: str, outcome: str = "completed", **extra: object) -> dict[str, object]:
-    return {"id": prompt_id, "model": "a", "sample": 0, "outcome": outcome, **extra}
+    return {"id": prompt_id, "model": "a", "sample": 0, "outcome": outcome,
+            "content_key": "k", **extra}
 
 
 def test_the_latest_record_of_a_key_counts(tmp_path: Path) -> None:
@@ -175,7 +176,7 @@ def test_the_latest_record_of_a_key_counts(tmp_path: Path) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in (
         record("q1", "error"), record("q2"), record("q1", "completed"))))
     existing = read_results(path)
-    assert existing.records == 3 and existing.torn_bytes == 0 and not existing.bad_lines
+    assert existing.records == 3 and existing.torn_bytes == 0 and not existing.unreadable
     assert existing.latest[work_key("q1", "a", 0)]["outcome"] == "completed"
     assert list(existing.latest) == [work_key("q2", "a", 0), work_key("q1", "a", 0)]
 
@@ -188,7 +189,7 @@ def test_a_torn_last_line_is_ignored_then_cut(tmp_path: Path) -> None:
     existing = read_results(path)
     assert set(existing.latest) == {work_key("q1", "a", 0), work_key("q2", "a", 0)}
     assert existing.torn_bytes == len(torn) and existing.valid_size == len(whole)
-    writer = ResultsWriter(path, existing)
+    writer = ResultsFile(path)
     writer.write(record("q3"))
     writer.close()
     assert path.read_text() == whole + json.dumps(record("q3"), separators=(",", ":")) + "\n"
@@ -199,19 +200,24 @@ def test_a_whole_unterminated_last_record_is_kept(tmp_path: Path) -> None:
     path.write_text(json.dumps(record("q1")) + "\n" + json.dumps(record("q2")))
     existing = read_results(path)
     assert len(existing.latest) == 2 and existing.torn_bytes == 0
-    writer = ResultsWriter(path, existing)
+    writer = ResultsFile(path)
     writer.write(record("q3"))
     writer.close()
     lines = path.read_text().splitlines()
     assert [json.loads(line)["id"] for line in lines] == ["q1", "q2", "q3"]
 
 
-def test_garbage_lines_are_skipped_never_fatal(tmp_path: Path) -> None:
+def test_lines_that_are_not_records_are_counted_by_kind(tmp_path: Path) -> None:
     path = tmp_path / "r.jsonl"
-    path.write_text(json.dumps(record("q1")) + "\nnot json\n" + '{"no": "fields"}\n'
-                    + json.dumps(record("q2")) + "\n")
+    path.write_bytes(json.dumps(record("q1")).encode() + b"\nnot json\n" + b'{"no": "fields"}\n'
+                     + b"\xff\xfe\n" + json.dumps(record("q2")).encode() + b"\n")
     existing = read_results(path)
-    assert existing.bad_lines == [2, 3] and len(existing.latest) == 2
+    assert len(existing.latest) == 2
+    assert existing.unreadable.describe() == [
+        "1 line is not JSON: line 2",
+        "1 line is not a fanout record: line 3 (no id, model, sample, outcome, "
+        "content_key)",
+        "1 line is not UTF-8 text: line 4"]
 
 
 def test_a_missing_file_is_empty(tmp_path: Path) -> None:
@@ -221,16 +227,20 @@ def test_a_missing_file_is_empty(tmp_path: Path) -> None:
 
 def test_the_writer_survives_what_orjson_refuses(tmp_path: Path) -> None:
     path = tmp_path / "r.jsonl"
-    writer = ResultsWriter(path, read_results(path))
-    writer.write(record("big", parsed=2**70))
+    writer = ResultsFile(path)
+    writer.write(record("big", parsed=2**70, text="lone \ud800 surrogate"))
     writer.sync()
     writer.close()
-    assert json.loads(path.read_text())["parsed"] == 2**70
+    assert path.read_bytes().count(b"\n") == 1 and b"\\ud800" in path.read_bytes()
+    line = json.loads(path.read_text())
+    assert line["parsed"] == 2**70 and line["text"] == "lone \ud800 surrogate"
 
 
 def test_writing_into_a_missing_directory_fails_clearly(tmp_path: Path) -> None:
-    with pytest.raises(FileNotFoundError, match="no such directory"):
-        ResultsWriter(tmp_path / "nope" / "r.jsonl", read_results(tmp_path / "x"))
+    from fanout.cli.results import ResultsFileError
+    with pytest.raises(ResultsFileError, match=r"cannot open for writing: No such file or "
+                       r"directory .*/nope/ does not exist"):
+        ResultsFile(tmp_path / "nope" / "r.jsonl")
 
 
 # ----------------------------------------------------------------------- AIMD
@@ -439,7 +449,7 @@ def _session(tmp_path: Path, *, accept_empty: bool = False, prompts: int = 4,
     lines = [json.dumps({"id": f"q{i}", "prompt": f"p{i}"}) for i in range(prompts)]
     work = plan_work(load_prompts(write_lines(tmp_path / "p.jsonl", *lines)), CONFIG.models[:2],
                      1, CONFIG)
-    writer = ResultsWriter(tmp_path / "r.jsonl", read_results(tmp_path / "r.jsonl"))
+    writer = ResultsFile(tmp_path / "r.jsonl")
     options = BatchOptions(prompts="p", output="r", concurrency=concurrency,
                            accept_empty=accept_empty)
     return _Session(CONFIG, options, work, writer, Console(file=io.StringIO())), work
@@ -550,3 +560,39 @@ async def test_a_relay_that_drops_usage_on_a_cut(tmp_path: Path) -> None:
     assert _end(session, first, Outcome.COMPLETED, others=0, usage=False)["cut"] is False
     _send(session, third)
     assert _end(session, third, Outcome.COMPLETED, others=3, usage=False)["cut"] is False
+
+
+def test_a_model_that_fails_the_same_way_beside_refused_requests_gets_no_advice() -> None:
+    from collections import Counter
+    # flaky: every stream truncated, but one request was refused (a bad param): neither
+    # a rerun helps, and nothing else is left to redo.
+    finals = {str(i): final("flaky", "truncated", None, "broke after 3 events")
+              for i in range(5)}
+    finals["bad"] = final("flaky", "error", 400, "HTTP 400: 'temperature' must be a number")
+    finals["t"] = final("fast", "timed_out", None, "no event within 5 s")
+    lines = not_completed(finals, 12, Counter({"flaky": 6, "fast": 6}), accept_empty=False)
+    assert lines == [
+        "7 of 12 streams are not completed",
+        "flaky: 1 request refused as sent (HTTP 400: 'temperature' must be a number): running "
+        "again sends it unchanged; fix the prompt, the params or the model",
+        "flaky: all 5 of its other streams this run were truncated (broke after 3 events): "
+        "running the same command again will not help",
+        "run the same command again to redo the other 1"]
+    # Some of its other streams completed: the truncations may go the other way.
+    lines = not_completed(finals, 12, Counter({"flaky": 8, "fast": 6}), accept_empty=False)
+    assert lines[-1] == "run the same command again to redo the other 6"
+
+
+def test_a_model_s_tools_are_sent_unless_the_prompt_has_its_own(tmp_path: Path) -> None:
+    config = parse_config("[endpoint]\nbase_url = 'embedded'\n"
+                          "[[models]]\nname = 'a'\nid = 'mock/tools'\n"
+                          "tools = [{ type = 'function', function = { name = 'from_model' } }]\n")
+    prompts = load_prompts(write_lines(
+        tmp_path / "p.jsonl", json.dumps({"id": 1, "prompt": "x"}),
+        json.dumps({"id": 2, "prompt": "x",
+                    "tools": [{"type": "function", "function": {"name": "from_prompt"}}]})))
+    first, second = plan_work(prompts, config.models, 1, config)
+    assert first.request(config).tools == config.models[0].tools
+    assert second.request(config).tools == ({"type": "function",
+                                             "function": {"name": "from_prompt"}},)
+    assert first.content_key != plan_work(prompts, CONFIG.models[:1], 1, CONFIG)[0].content_key
