@@ -231,17 +231,21 @@ def load_config(path: str | os.PathLike[str] | None = None, *,
     found = find_config(path, cwd)
     if found is None:
         return parse_config(_BUILTIN, "<built-in default>")
+    return parse_config(_read_text(found, "config"), str(found))
+
+
+def _read_text(path: Path, what: str) -> str:
+    """A file's UTF-8 text; ``ConfigError`` with one line naming it and the OS's reason."""
     try:
-        text = found.read_bytes().decode("utf-8")
+        return path.read_bytes().decode("utf-8")
     except FileNotFoundError:
-        raise ConfigError(f"{found}: no such config file") from None
+        raise ConfigError(f"{path}: no such {what} file") from None
     except IsADirectoryError:
-        raise ConfigError(f"{found}: is a directory, not a config file") from None
+        raise ConfigError(f"{path}: is a directory, not a {what} file") from None
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{found}: not UTF-8 text (byte {exc.start})") from None
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
-        raise ConfigError(f"{found}: cannot read: {exc.strerror or exc}") from None
-    return parse_config(text, str(found))
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
 
 
 def parse_config(text: str, source: str = "<config>") -> Config:
@@ -480,14 +484,7 @@ class _Checker:
 def read_tools(path: str | os.PathLike[str]) -> tuple[Mapping[str, Any], ...]:
     """The OpenAI tool definitions in a JSON file (a list), checked; ``ConfigError``
     with one line naming the file and what is wrong."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except IsADirectoryError:
-        raise ConfigError(f"{path}: is a directory, not a tools file") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    text = _read_text(Path(path), "tools")
     try:
         value = json.loads(text)
     except ValueError as exc:
