@@ -88,7 +88,7 @@ def test_a_bad_tools_file_is_one_line_and_exit_2(tmp_path: Path, content: str,
     assert len(err.splitlines()) == 1
     assert err.startswith(f"fanout compare: {tools}: ") and message in err
     status, _, err = compare(config, tools=str(tmp_path / "missing.json"))
-    assert status == 2 and len(err.splitlines()) == 1 and "cannot read" in err
+    assert status == 2 and len(err.splitlines()) == 1 and "no such tools file" in err
 
 
 def test_every_line_of_a_config_error_is_printed_with_the_prefix(tmp_path: Path) -> None:
