@@ -13,6 +13,7 @@ from __future__ import annotations
 import difflib
 import json
 from collections.abc import Mapping, Sequence
+from contextlib import aclosing
 from typing import Any, Literal, NoReturn
 
 import attrs
@@ -84,11 +85,14 @@ async def read_json(request: Request, max_bytes: int) -> dict[str, Any]:
     parts: list[bytes] = []
     size = 0
     try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > max_bytes:
-                _too_large(max_bytes)
-            parts.append(chunk)
+        # Closed at once, also when the limit stops the reading: no generator is left to
+        # the garbage collector.
+        async with aclosing(request.stream()) as chunks:
+            async for chunk in chunks:
+                size += len(chunk)
+                if size > max_bytes:
+                    _too_large(max_bytes)
+                parts.append(chunk)
     except ClientDisconnect:
         raise bad("the client went away while sending the body") from None
     data = b"".join(parts)
