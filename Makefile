@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-dev
 
-.PHONY: test demo lint typecheck bench clean
+.PHONY: test demo lint typecheck bench clean browser
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -12,8 +12,17 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-## make test: lint, type-check and run the whole suite.
-test: $(STAMP)
+## make browser: Debian's chromium for the page's test in tests/serve/test_browser.py,
+## installed only when it is missing (Playwright drives it; its own browser download is
+## never used).
+CHROMIUM ?= /usr/bin/chromium
+SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+browser:
+	@test -x $(CHROMIUM) || { $(SUDO) apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q chromium; }
+
+## make test: lint, type-check and run the whole suite (the page's test in chromium too).
+test: $(STAMP) browser
 	$(PY) -m ruff check fanout tests bench examples
 	$(PY) -m mypy fanout
 	$(PY) -m pytest

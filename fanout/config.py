@@ -24,6 +24,17 @@ A config is TOML (read with the stdlib ``tomllib``)::
     [compare]
     models = ["fast", "thinker"]            # what ``fanout compare`` runs without -m
 
+    [serve]                                 # ``fanout serve`` (all optional)
+    keys_env = "FANOUT_SERVICE_KEYS"        # the *name* of a variable: client tokens, a,b,c
+    host = "127.0.0.1"
+    port = 8080
+    cors_origins = ["https://app.example"]  # CORS off unless listed
+    max_body_bytes = 1048576                # one request's body
+    max_streams = 32                        # models x samples (x n) in one request
+    max_fanouts = 64                        # fan-outs running at once (429 past it)
+    retry_after = 1                         # seconds, in a 429's Retry-After
+    keepalive = 15                          # seconds of silence before a ": keep-alive"
+
     [[models]]
     name = "fast"                           # what -m and the results call it
     id = "gpt-4o-mini"                      # what the relay calls it
@@ -56,8 +67,8 @@ import attrs
 from ._exceptions import ConfigError
 from .request import Deadlines, Endpoint
 
-__all__ = ["EMBEDDED", "Config", "ModelConfig", "check_tools", "find_config", "load_config",
-           "parse_config", "read_tools"]
+__all__ = ["EMBEDDED", "Config", "ModelConfig", "ServeConfig", "check_tools", "find_config",
+           "load_config", "parse_config", "read_tools"]
 
 #: ``base_url = "embedded"``: start the embedded upstream in-process (no key, no network).
 EMBEDDED = "embedded"
@@ -97,6 +108,8 @@ _PARAM_NAMES = frozenset({
 })
 _RESERVED_PARAMS = ("model", "messages", "stream", "tools")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# A browser origin as it sends it: scheme://host[:port], a bracketed IPv6 host allowed.
+_ORIGIN = re.compile(r"https?://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?\Z")
 
 
 @final
@@ -113,6 +126,31 @@ class ModelConfig:
     deadline_overrides: Mapping[str, float | None] = attrs.field(factory=dict, repr=False)
     #: OpenAI tool definitions sent with this model's requests (``None``: none).
     tools: tuple[Mapping[str, Any], ...] | None = None
+
+
+@final
+@attrs.frozen
+class ServeConfig:
+    """The ``[serve]`` table: how ``fanout serve`` listens and what it allows.
+
+    ``keys_env`` names the environment variable holding the service's client
+    tokens (comma-separated); ``None``: no keys, and then the service binds
+    only loopback.  ``cors_origins``: the origins a browser may call from
+    (none: CORS off).  The limits bound one request (``max_body_bytes``,
+    ``max_streams`` = models x samples x n) and the service
+    (``max_fanouts`` running at once; past it a 429 with ``retry_after``).
+    ``keepalive``: seconds without data before an SSE comment is sent.
+    """
+
+    keys_env: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8080
+    cors_origins: tuple[str, ...] = ()
+    max_body_bytes: int = 1024 * 1024
+    max_streams: int = 32
+    max_fanouts: int = 64
+    retry_after: int = 1
+    keepalive: float = 15.0
 
 
 @final
@@ -135,6 +173,7 @@ class Config:
     batch: tuple[str, ...] = ()
     #: ``[compare] tools``: sent with every compare request that has none of its own.
     compare_tools: tuple[Mapping[str, Any], ...] | None = None
+    serve: ServeConfig = attrs.field(factory=ServeConfig)
 
     @property
     def embedded(self) -> bool:
@@ -299,9 +338,10 @@ class _Checker:
         compare_models: list[str] = []
         compare_tools: tuple[Mapping[str, Any], ...] | None = None
         batch_models: list[str] = []
+        serve = ServeConfig()
         with self.section():
             self.keys(data, "top level", ("endpoint", "deadlines", "concurrency", "parser",
-                                          "compare", "batch", "models"))
+                                          "compare", "batch", "serve", "models"))
         with self.section():
             endpoint = self.table(data, "endpoint")
             self.keys(endpoint, "[endpoint]",
@@ -358,6 +398,8 @@ class _Checker:
             batch = self.table(data, "batch")
             self.keys(batch, "[batch]", ("models",))
             batch_models = self.model_names(batch, "[batch] models", names)
+        with self.section():
+            serve = self.serve(self.table(data, "serve"))
         if self.problems:
             raise ConfigError("\n".join(self.problems))
         return Config(
@@ -365,7 +407,7 @@ class _Checker:
             models=tuple(models), compare=tuple(compare_models), deadlines=deadlines,
             max_concurrency=max_concurrency, per_model_concurrency=per_model, strict=strict,
             require_finish_reason=require_finish_reason, batch=tuple(batch_models),
-            compare_tools=compare_tools)
+            compare_tools=compare_tools, serve=serve)
 
     def boolean(self, table: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
         value = table.get(key, default)
@@ -399,6 +441,45 @@ class _Checker:
             return check_tools(value)
         except ValueError as exc:
             raise self.fail(where, str(exc)) from None
+
+    def serve(self, table: Mapping[str, Any]) -> ServeConfig:
+        where = "[serve]"
+        self.keys(table, where, [field.name for field in attrs.fields(ServeConfig)])
+        defaults = ServeConfig()
+        keys_env = self.string(table, "keys_env", where)
+        if keys_env is not None and not _ENV_NAME.match(keys_env):
+            # Possibly a token pasted in: never echo it.
+            raise self.fail(f"{where} keys_env", "must be the *name* of an environment "
+                            "variable (like FANOUT_SERVICE_KEYS), not the keys themselves")
+        host = self.string(table, "host", where) or defaults.host
+        port = table.get("port", defaults.port)
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise self.fail(f"{where} port", f"must be a port number 0..65535, not {_kind(port)}")
+        origins = table.get("cors_origins", [])
+        if not isinstance(origins, list) or not all(isinstance(o, str) for o in origins):
+            raise self.fail(f"{where} cors_origins", "must be an array of origins "
+                            "(like \"https://app.example\")")
+        for origin in origins:
+            if not _ORIGIN.match(origin):
+                raise self.fail(f"{where} cors_origins", f"{_kind(origin)} is not an origin: "
+                                "scheme://host[:port], no path (and no \"*\": list them)")
+        keepalive = table.get("keepalive", defaults.keepalive)
+        if isinstance(keepalive, bool) or not isinstance(keepalive, int | float) or (
+                math.isnan(keepalive) or keepalive <= 0):
+            raise self.fail(f"{where} keepalive",
+                            f"must be a number of seconds > 0, not {_kind(keepalive)}")
+
+        def count(key: str, default: int) -> int:
+            value = self.count(table, key, where)
+            return default if value is None else value
+
+        return ServeConfig(
+            keys_env=keys_env, host=host, port=port, cors_origins=tuple(origins),
+            max_body_bytes=count("max_body_bytes", defaults.max_body_bytes),
+            max_streams=count("max_streams", defaults.max_streams),
+            max_fanouts=count("max_fanouts", defaults.max_fanouts),
+            retry_after=count("retry_after", defaults.retry_after),
+            keepalive=float(keepalive))
 
     def model(self, raw: Any, number: int) -> ModelConfig:
         where = f"[[models]] #{number}"

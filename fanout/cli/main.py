@@ -1,4 +1,4 @@
-"""``fanout``: the command line (``compare``, ``batch``, ``report``, ``mock``).
+"""``fanout``: the command line (``compare``, ``batch``, ``report``, ``serve``, ``mock``).
 
 Only this package imports rich: the library itself never draws anything.
 """
@@ -97,6 +97,19 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("results", metavar="RESULTS.jsonl")
     report.add_argument("--json", action="store_true", help="JSON instead of a table")
 
+    serve = commands.add_parser(
+        "serve", help="the fan-out as an HTTP service, and a comparison page",
+        description="Serve POST /v1/fanout (one request, many models, one merged stream), "
+                    "POST /v1/chat/completions (one model, passed through), GET /v1/models, "
+                    "/v1/status, /healthz and the comparison page at /. Prints the base URL; "
+                    "serves until Ctrl-C or SIGTERM (running fan-outs are cancelled, each "
+                    "stream ends with its result), then exits 0. Binding anything but "
+                    "loopback needs service keys ([serve] keys_env).")
+    serve.add_argument("--config", metavar="FILE", help="config file (as for compare)")
+    serve.add_argument("--host", help="address to bind (default: [serve] host, else 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default: [serve] port, else 8080; 0: "
+                       "any free one)")
+
     mock = commands.add_parser(
         "mock", help="serve the embedded OpenAI-compatible upstream",
         description="Serve the embedded OpenAI-compatible upstream: scripted models, faults "
@@ -177,6 +190,12 @@ def _compare(args: argparse.Namespace) -> int:
         json=args.json, reasoning=args.reasoning, tools=args.tools, full=args.full))
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from .serve import ServeOptions, run_serve
+
+    return run_serve(ServeOptions(config=args.config, host=args.host, port=args.port))
+
+
 def _batch(args: argparse.Namespace) -> int:
     from .batch import BatchOptions, run_batch
     from .results import parse_shard
@@ -221,6 +240,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _compare(args)
     if args.command == "batch":
         return _batch(args)
+    if args.command == "serve":
+        return _serve(args)
     if args.command == "report":
         from .report import report
 

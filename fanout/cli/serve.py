@@ -1,0 +1,110 @@
+"""``fanout serve``: the fan-out as an HTTP service, and the comparison page.
+
+Prints the base URL on stdout (one line, so a script can read the port when
+``--port 0`` was asked), a note on stderr, and serves until Ctrl-C or
+SIGTERM: then new requests get 503, running fan-outs are cancelled (each
+stream still ends with its result, each response with its summary), and the
+command exits 0.  A second Ctrl-C exits at once (130).  Exit status 2 for bad
+usage or config, 1 when the address cannot be bound.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from collections.abc import Mapping
+from functools import partial
+from typing import TextIO
+
+import attrs
+import trio
+
+from .._exceptions import ConfigError
+from ..config import load_config
+from .common import only as _only
+from .common import open_endpoint
+
+__all__ = ["ServeOptions", "run_serve"]
+
+EXIT_INTERRUPTED = 130
+
+
+@attrs.frozen
+class ServeOptions:
+    config: str | None = None
+    host: str | None = None
+    port: int | None = None
+
+
+def run_serve(options: ServeOptions, *, stdout: TextIO | None = None,
+              stderr: TextIO | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """Serve until stopped; returns the exit status (see the module docstring)."""
+    try:
+        from ..serve import ServiceKeys, is_loopback, open_service, serve_app
+    except ImportError as exc:  # pragma: no cover - the serve extra is missing
+        print(f"fanout serve: needs the serve extra (pip install 'fanout[serve]'): {exc}",
+              file=stderr or sys.stderr)
+        return 2
+    out = stdout or sys.stdout
+    err = stderr or sys.stderr
+    try:
+        config = load_config(options.config)
+        endpoint = config.endpoint(environ)
+        keys = ServiceKeys.from_env(config.serve.keys_env, environ, config.source)
+    except ConfigError as exc:
+        print(f"fanout serve: {exc}", file=err)
+        return 2
+    host = options.host or config.serve.host
+    port = config.serve.port if options.port is None else options.port
+    if not 0 <= port <= 65535:
+        print(f"fanout serve: --port: {port} is not a port number (0..65535)", file=err)
+        return 2
+    if not keys and not is_loopback(host):
+        print(f"fanout serve: refusing to listen on {host}: without service keys only "
+              "loopback is served; set [serve] keys_env to a variable holding the keys",
+              file=err)
+        return 2
+    handler = logging.StreamHandler(err)
+    handler.setFormatter(logging.Formatter("fanout serve: %(message)s"))
+    log = logging.getLogger("fanout.serve")
+    log.addHandler(handler)
+    log.setLevel(logging.WARNING)
+    log.propagate = False
+
+    async def stop_on_signal(service_shutdown: partial[int]) -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async for _ in signals:
+                running = service_shutdown()
+                print(f"fanout serve: stopping: {running} running fan-out"
+                      f"{'' if running == 1 else 's'} cancelled (each stream ends with its "
+                      "result)", file=err, flush=True)
+                return
+
+    async def main() -> None:
+        async with open_endpoint(endpoint) as resolved, \
+                open_service(config, resolved, keys=keys) as service, \
+                trio.open_nursery() as nursery:
+            url: str = await nursery.start(partial(
+                serve_app, service, host, port,
+                shutdown_trigger=partial(stop_on_signal, partial(service.shutdown))))
+            print(f"{url}/", file=out, flush=True)
+            upstream = "the embedded upstream" if config.embedded else resolved.base_url
+            print(f"fanout serve: {len(config.models)} models from {config.source} via "
+                  f"{upstream}; service keys {'required' if keys else 'not required'}; "
+                  "Ctrl-C stops", file=err, flush=True)
+
+    try:
+        trio.run(main)
+    except BaseException as exc:
+        if _only(exc, KeyboardInterrupt):
+            return EXIT_INTERRUPTED
+        error = _only(exc, OSError)
+        if isinstance(error, OSError):
+            print(f"fanout serve: cannot listen on {host}:{port}: {error.strerror or error}",
+                  file=err)
+            return 1
+        raise
+    finally:
+        log.removeHandler(handler)
+    return 0

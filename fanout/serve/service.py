@@ -1,0 +1,188 @@
+"""The service's state: the resolved endpoint, one shared HTTP client, the fan-outs
+running now (for cancel, status and shutdown), totals since start, and admission.
+
+``open_service(config, endpoint)`` builds one; ``create_app(service)`` serves it.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from typing import Any, Literal, final
+
+import attrs
+import httpx
+import trio
+
+from ..config import Config, ModelConfig
+from ..core.result import Outcome, StreamResult
+from ..fanout import Fanout, FanoutOptions
+from ..net.transport import make_client
+from ..request import Endpoint
+from .errors import ApiError
+from .keys import ServiceKeys
+
+__all__ = ["SHUTDOWN_REASON", "RunningFanout", "Service", "open_service"]
+
+SHUTDOWN_REASON = "cancelled: the service is shutting down"
+
+Kind = Literal["fanout", "chat"]
+
+
+@final
+@attrs.define(eq=False)
+class RunningFanout:
+    """One request's fan-out while it runs: ``id`` names it (``POST
+    /v1/fanout/{id}/cancel``); ``fan`` is set once its ``open_fanout`` block is open.
+
+    A cancel asked before then is applied as the fan-out opens, so no stream of
+    a cancelled request ever runs unasked.
+    """
+
+    id: str
+    kind: Kind
+    streams: int
+    _outcomes: Counter[str] = attrs.field(repr=False)
+    fan: Fanout | None = None
+    _pending_cancel: str | None = None
+    _counted: set[str] = attrs.field(factory=set, repr=False)
+
+    def attach(self, fan: Fanout) -> None:
+        """The fan-out has opened: a cancel asked before now takes effect."""
+        self.fan = fan
+        if self._pending_cancel is not None:
+            fan.cancel_all(self._pending_cancel)
+
+    def cancel(self, reason: str) -> list[str]:
+        """Cancel every stream not finished, each ``cancelled`` with ``reason``; their keys."""
+        fan = self.fan
+        if fan is None:
+            if self._pending_cancel is None:
+                self._pending_cancel = reason
+            return []
+        keys = sorted([*fan.running, *fan.queued])
+        fan.cancel_all(reason)
+        return keys
+
+    def finished(self, result: StreamResult) -> None:
+        """Count one stream's outcome in the service's totals (once per stream)."""
+        if result.stream not in self._counted:
+            self._counted.add(result.stream)
+            self._outcomes[str(result.outcome)] += 1
+
+    @property
+    def active(self) -> tuple[int, int]:
+        """(streams running, streams queued) now."""
+        fan = self.fan
+        if fan is None:
+            return 0, self.streams
+        return len(fan.running), len(fan.queued)
+
+
+@final
+class Service:
+    """What every request of one ``fanout serve`` shares.
+
+    ``config`` (its ``serve`` table holds the limits), ``endpoint`` (already
+    resolved: the embedded upstream is started by whoever built the service),
+    ``client`` (one ``httpx.AsyncClient`` for every fan-out), ``keys`` (the
+    client tokens; empty: none needed).  ``fanouts`` are the running ones by id.
+    """
+
+    def __init__(self, config: Config, endpoint: Endpoint, client: httpx.AsyncClient, *,
+                 keys: ServiceKeys | None = None) -> None:
+        self.config = config
+        self.limits = config.serve
+        self.endpoint = endpoint
+        self.client = client
+        self.keys = keys or ServiceKeys()
+        self.fanouts: dict[str, RunningFanout] = {}
+        self.outcomes: Counter[str] = Counter()
+        self.rejected: Counter[str] = Counter()
+        self.fanouts_total = 0
+        self.streams_total = 0
+        self.closing = False
+        self._started = time.monotonic()
+
+    def admit(self, kind: Kind, streams: int) -> RunningFanout:
+        """A slot for one more fan-out, or an ``ApiError`` (429 past ``max_fanouts``,
+        with ``Retry-After``; 503 while shutting down)."""
+        if self.closing:
+            raise ApiError(503, "the service is shutting down", type="service_unavailable",
+                           code="shutting_down")
+        limit = self.limits.max_fanouts
+        if len(self.fanouts) >= limit:
+            self.rejected["busy"] += 1
+            wait = self.limits.retry_after
+            raise ApiError(429, f"{len(self.fanouts)} fan-outs are running, the most this "
+                           f"service runs at once (max_fanouts); retry after {wait} s",
+                           type="rate_limit_error", code="rate_limit_exceeded",
+                           headers={"Retry-After": str(wait)})
+        running = RunningFanout(f"fo-{secrets.token_urlsafe(16)}", kind, streams, self.outcomes)
+        self.fanouts[running.id] = running
+        self.fanouts_total += 1
+        self.streams_total += streams
+        return running
+
+    def release(self, running: RunningFanout) -> None:
+        """The fan-out has ended: its slot is free (idempotent)."""
+        self.fanouts.pop(running.id, None)
+
+    def fanout_options(self, models: Iterable[ModelConfig]) -> FanoutOptions:
+        """``open_fanout``'s options for these models: the config's caps and deadlines."""
+        config = self.config
+        return FanoutOptions(client=self.client, max_concurrency=config.max_concurrency,
+                             per_model_concurrency=config.per_model_caps(list(models)),
+                             deadlines=config.deadlines, strict=config.strict)
+
+    def shutdown(self, reason: str = SHUTDOWN_REASON) -> int:
+        """Refuse new fan-outs (503) and cancel the running ones; how many were running.
+
+        Each cancelled stream still ends with its ``result`` record, and each
+        response with its ``summary`` and ``[DONE]``.
+        """
+        self.closing = True
+        for running in list(self.fanouts.values()):
+            running.cancel(reason)
+        return len(self.fanouts)
+
+    def status(self) -> dict[str, Any]:
+        """``GET /v1/status``: what runs now and the totals since start."""
+        running = queued = 0
+        for fanout in self.fanouts.values():
+            now_running, now_queued = fanout.active
+            running += now_running
+            queued += now_queued
+        limits = self.limits
+        return {
+            "object": "fanout.status",
+            "uptime": round(time.monotonic() - self._started, 3),
+            "closing": self.closing,
+            "running": {"fanouts": len(self.fanouts), "streams": running, "queued": queued},
+            "totals": {"fanouts": self.fanouts_total, "streams": self.streams_total,
+                       "outcomes": {str(o): self.outcomes.get(str(o), 0) for o in Outcome}},
+            "rejected": {name: self.rejected.get(name, 0)
+                         for name in ("unauthorized", "bad_request", "too_large", "busy")},
+            "limits": {"max_fanouts": limits.max_fanouts, "max_streams": limits.max_streams,
+                       "max_body_bytes": limits.max_body_bytes,
+                       "retry_after": limits.retry_after, "keepalive": limits.keepalive},
+        }
+
+
+@asynccontextmanager
+async def open_service(config: Config, endpoint: Endpoint, *, keys: ServiceKeys | None = None,
+                       client: httpx.AsyncClient | None = None) -> AsyncIterator[Service]:
+    """A ``Service`` for the length of the block, with one HTTP client sized to its limits
+    (``max_fanouts`` x ``max_streams`` connections; yours is left open)."""
+    own = client is None
+    if client is None:
+        client = make_client(config.serve.max_fanouts * config.serve.max_streams)
+    try:
+        yield Service(config, endpoint, client, keys=keys)
+    finally:
+        if own:
+            with trio.CancelScope(shield=True):
+                await client.aclose()

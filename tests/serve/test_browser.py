@@ -1,0 +1,206 @@
+"""The page in headless Chromium (Debian's ``chromium``, driven by Playwright for Python).
+
+``fanout serve`` runs on loopback against the embedded upstream; the test loads
+the page, runs a prompt against four models (one a fault), watches the columns
+stream, checks every final status and finish reason, stops a second run
+mid-stream, and sends markup that must stay text.  A screenshot of the first
+run is written to ``$FANOUT_SCREENSHOT`` (default: the test's tmp dir; the
+path is printed).  ``make browser`` installs chromium (Playwright's own
+browser download is never used).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = """
+[endpoint]
+base_url = "embedded"
+
+[deadlines]
+first_token = 20
+idle = 5
+total = 60
+
+[compare]
+models = ["writer", "thinker", "tools", "flaky"]
+
+[[models]]
+name = "writer"
+id = "mock/slow"
+params = { max_tokens = 60 }
+
+[[models]]
+name = "thinker"
+id = "mock/reasoning:0.03"
+params = { max_tokens = 50 }
+
+[[models]]
+name = "tools"
+id = "mock/tools:0.08"
+
+[[models]]
+name = "flaky"
+id = "fault/truncate:12"
+
+[[models]]
+name = "long"
+id = "mock/slow:0.15"
+
+[[models]]
+name = "echo"
+id = "mock/echo"
+"""
+HOSTILE = ('<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
+           '<b onmouseover="window.__pwned=3">bold?</b>')
+
+if not Path(CHROMIUM).exists() and not os.environ.get("CI"):
+    pytest.skip(f"{CHROMIUM} is missing: `make browser` installs it", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api")
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    config = tmp_path_factory.mktemp("serve") / "browser.toml"
+    config.write_text(CONFIG)
+    process = subprocess.Popen([sys.executable, "-m", "fanout.cli.main", "serve", "--config",
+                                str(config), "--port", "0"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert process.stdout is not None
+        yield process.stdout.readline().strip()
+    finally:
+        process.terminate()
+        process.communicate(timeout=15)
+
+
+@pytest.fixture
+def page(service: str) -> Iterator[Any]:
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1100})
+            errors: list[str] = []
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            page.on("console", lambda message: errors.append(message.text)
+                    if message.type == "error" else None)
+            page.goto(service)
+            page.wait_for_selector("#models input[type=checkbox]")
+            page.errors = errors
+            yield page
+        finally:
+            browser.close()
+
+
+def choose(page: Any, *models: str) -> None:
+    for box in page.query_selector_all("#models input[type=checkbox]"):
+        box.set_checked(box.get_attribute("value") in models)
+
+
+def column(page: Any, stream: str) -> Any:
+    return page.locator(f'.column[data-stream="{stream}"]')
+
+
+def text_length(page: Any, stream: str) -> int:
+    return len(column(page, stream).locator(".text").first.text_content() or "")
+
+
+def wait_finished(page: Any, timeout: float = 30) -> None:
+    page.wait_for_selector("body[data-run=finished]", timeout=timeout * 1000)
+    page.wait_for_timeout(200)  # the last frame
+
+
+def screenshot_path(tmp_path: Path) -> Path:
+    chosen = os.environ.get("FANOUT_SCREENSHOT")
+    return Path(chosen) if chosen else tmp_path / "fanout-serve.png"
+
+
+def test_four_models_stream_side_by_side_and_end_honestly(page: Any, tmp_path: Path) -> None:
+    selected = sorted(b.get_attribute("value") for b in
+                      page.query_selector_all("#models input:checked"))
+    assert selected == ["flaky", "thinker", "tools", "writer"]  # the [compare] models
+    page.fill("#system", "Answer in a few sentences.")
+    page.fill("#prompt", "Tell me about rivers.")
+    page.press("#prompt", "Control+Enter")
+    page.wait_for_function(
+        "() => (document.querySelector('.column[data-stream=writer] .text') || {})"
+        ".textContent?.length > 10", timeout=10_000)
+    first = text_length(page, "writer")
+    assert column(page, "writer").get_attribute("data-status") == "streaming"
+    page.wait_for_timeout(600)
+    assert text_length(page, "writer") > first  # it grows as it streams
+    wait_finished(page)
+    path = screenshot_path(tmp_path)
+    page.screenshot(path=str(path), full_page=True)
+    print(f"\nscreenshot: {path}")
+    states = {stream: (column(page, stream).get_attribute("data-status"),
+                       column(page, stream).get_attribute("data-finish"))
+              for stream in ("writer", "thinker", "tools", "flaky")}
+    assert states["thinker"] == ("completed", "length")
+    assert states["tools"] == ("completed", "tool_calls")
+    assert states["writer"][0] == "completed" and states["writer"][1] in ("stop", "length")
+    assert states["flaky"] == ("truncated", None)
+    flaky = column(page, "flaky")
+    assert flaky.locator(".status").text_content() == "TRUNCATED"
+    assert "[DONE]" in (flaky.locator(".col-reason").text_content() or "")
+    assert (flaky.locator(".text").text_content() or "")  # the partial text stays
+    thinker = column(page, "thinker")
+    assert "loud" in (thinker.locator(".finish").get_attribute("class") or "")
+    assert thinker.locator("details.reasoning").is_visible()
+    assert (thinker.locator(".reasoning-text").text_content() or "")
+    args = column(page, "tools").locator(".tool-args").first.text_content() or ""
+    assert args.startswith("{\n  ")  # pretty once complete
+    assert column(page, "tools").locator(".tool-name").first.text_content() == "→ get_weather"
+    for stream in ("writer", "thinker", "tools"):
+        assert "TTFT" in (column(page, stream).locator(".col-metrics").text_content() or "")
+    rows = page.locator("#summary-rows tr")
+    assert page.locator("#summary").is_visible() and rows.count() == 4
+    assert "3 of 4 completed" in (page.locator("#summary h2").text_content() or "")
+    assert "finished: 3 of 4 completed" in (page.locator("#run-status").text_content() or "")
+    assert page.errors == []
+
+
+def test_stop_keeps_the_partial_text_marked_cancelled(page: Any) -> None:
+    choose(page, "long", "echo")
+    page.fill("#prompt", "Tell me a long story.")
+    page.click("#run")
+    page.wait_for_function(
+        "() => (document.querySelector('.column[data-stream=long] .text') || {})"
+        ".textContent?.length > 20", timeout=10_000)
+    assert column(page, "long").get_attribute("data-status") == "streaming"
+    page.click("#stop")
+    before = text_length(page, "long")
+    wait_finished(page, 10)
+    long = column(page, "long")
+    assert long.get_attribute("data-status") == "cancelled"
+    assert long.locator(".status").text_content() == "CANCELLED"
+    assert "cancelled by the client" in (long.locator(".col-reason").text_content() or "")
+    assert text_length(page, "long") >= before > 20
+    assert column(page, "echo").get_attribute("data-status") == "completed"
+    assert "stopped" in (page.locator("#run-status").text_content() or "")
+    assert page.errors == []
+
+
+def test_markup_from_a_model_stays_text_and_runs_nothing(page: Any) -> None:
+    choose(page, "echo")
+    page.fill("#prompt", HOSTILE)
+    page.press("#prompt", "Control+Enter")
+    wait_finished(page, 10)
+    echo = column(page, "echo")
+    assert echo.get_attribute("data-status") == "completed"
+    assert echo.locator(".text").text_content() == HOSTILE  # literal, every character
+    page.wait_for_timeout(300)  # an onerror would have fired by now
+    assert page.evaluate("() => window.__pwned") is None
+    assert page.locator("#columns img, #columns script, #columns b").count() == 0
+    assert page.errors == []
