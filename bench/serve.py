@@ -182,9 +182,11 @@ def engine_main(base_url: str, clients: int, fanouts: int, tokens: int, cadence:
     start = time.perf_counter()
     trio.run(main)
     usage = resource.getrusage(resource.RUSAGE_SELF)
+    # VmHWM, not ru_maxrss: a child's ru_maxrss starts at its parent's high-water mark
+    # (Linux keeps it across vfork and exec), VmHWM is this process's own.
     print(json.dumps({**totals, "wall": time.perf_counter() - start,
                       "cpu": usage.ru_utime + usage.ru_stime - cpu,
-                      "peak_mb": usage.ru_maxrss / 1024}))
+                      "peak_mb": peak_rss_mb(os.getpid())}))
 
 
 # -- the orchestra -------------------------------------------------------------------
