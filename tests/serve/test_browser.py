@@ -204,3 +204,57 @@ def test_markup_from_a_model_stays_text_and_runs_nothing(page: Any) -> None:
     assert page.evaluate("() => window.__pwned") is None
     assert page.locator("#columns img, #columns script, #columns b").count() == 0
     assert page.errors == []
+
+
+def test_the_pages_sse_parser_follows_the_line_rules(page: Any) -> None:
+    got = page.evaluate("""() => {
+        const events = [];
+        let comments = 0;
+        const parser = new window.fanoutPage.SSEParser(
+            (name, data) => events.push([name, data]), () => { comments += 1; });
+        for (const piece of ["event: a\\r", "\\ndata: 1\\r\\n", "data:2\\r\\r", ": ping\\n",
+                             "data: {\\"x\\": \\"\\u2028\\"}\\n", "\\n", "id: 7\\nretry: 5\\n",
+                             "data\\n\\n", "data: cut"]) {
+            parser.feed(piece);
+        }
+        parser.end();
+        return [events, comments];
+    }""")
+    assert got == [[["a", "1\n2"], ["message", '{"x": "\u2028"}'], ["message", ""]], 1]
+
+
+def test_with_service_keys_the_browser_asks_once_and_the_page_works(
+        tmp_path: Path) -> None:
+    key = "svc-browser-key-77aa"
+    config = tmp_path / "keys.toml"
+    config.write_text(CONFIG + '\n[serve]\nkeys_env = "FANOUT_TEST_KEYS"\n')
+    process = subprocess.Popen([sys.executable, "-m", "fanout.cli.main", "serve", "--config",
+                                str(config), "--port", "0"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                               env={**os.environ, "FANOUT_TEST_KEYS": f"other,{key}"})
+    try:
+        assert process.stdout is not None
+        url = process.stdout.readline().strip()
+        with sync_api.sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+            try:
+                anonymous = browser.new_page()
+                with pytest.raises(sync_api.Error, match="ERR_INVALID_AUTH_CREDENTIALS"):
+                    anonymous.goto(url)  # the 401 asked for a password; nobody gave one
+                context = browser.new_context(http_credentials={"username": "me",
+                                                                "password": key})
+                page = context.new_page()
+                assert page.goto(url).status == 200
+                page.wait_for_selector("#models input[type=checkbox]")
+                choose(page, "echo")
+                page.fill("#prompt", "with a key")
+                page.click("#run")
+                wait_finished(page, 10)
+                echo = column(page, "echo")
+                assert echo.get_attribute("data-status") == "completed"
+                assert echo.locator(".text").text_content() == "with a key"
+            finally:
+                browser.close()
+    finally:
+        process.terminate()
+        process.communicate(timeout=15)

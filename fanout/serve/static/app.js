@@ -627,6 +627,7 @@
   }
 
   const page = new Page();
+  page.SSEParser = SSEParser;
   window.fanoutPage = page; // for a developer's console, and the browser test
 
   document.addEventListener("DOMContentLoaded", () => {

@@ -1,0 +1,77 @@
+"""The README's `fanout serve` section tells the truth: its Python client and its curl
+example run as they are against `fanout serve` on the default config, and what it says
+about the record types, limits and errors is what the code does."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fanout.config import ServeConfig
+from fanout.records import _TYPES
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+SECTION = README[README.index("## `fanout serve`"):]
+SECTION = SECTION[:SECTION.index("\n## ")]
+
+
+def block(after: str, language: str) -> str:
+    start = SECTION.index(after)
+    match = re.compile(rf"```{language}\n(.*?)```", re.S).search(SECTION, start)
+    assert match is not None
+    return match.group(1)
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    process = subprocess.Popen([sys.executable, "-m", "fanout.cli.main", "serve", "--config",
+                                str(ROOT / "config/default.toml"), "--port", "0"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        yield process.stdout.readline().strip().rstrip("/")
+    finally:
+        process.terminate()
+        process.communicate(timeout=15)
+
+
+def test_the_python_client_runs_as_written(url: str) -> None:
+    code = block("A Python client, with httpx", "python").replace("http://127.0.0.1:8080", url)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert "writer: '" in out and "thinker ended completed: ok" in out
+    assert "flaky ended truncated: the connection broke after" in out
+    assert out.rstrip().endswith("2 of 3 completed")
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="no curl here")
+def test_the_curl_example_runs_as_written(url: str) -> None:
+    curl = SECTION[SECTION.index("curl -N"):]
+    curl = curl[:curl.index("```")].replace("http://127.0.0.1:8080", url).replace("\\\n", "")
+    out = subprocess.run(["bash", "-c", curl], capture_output=True, text=True, timeout=60,
+                         check=True).stdout
+    assert out.startswith("event: fanout\n") and out.endswith("data: [DONE]\n\n")
+    assert out.count("event: result\n") == 3 and "event: summary\n" in out
+
+
+def test_the_record_types_limits_and_errors_are_the_real_ones() -> None:
+    for name in _TYPES.values():
+        assert f"`{name}`" in SECTION, name
+    defaults = ServeConfig()
+    for key in ("max_body_bytes", "max_streams", "max_fanouts", "retry_after", "keepalive",
+                "keys_env", "cors_origins"):
+        assert f"`{key}`" in SECTION, key
+    assert f"| `max_streams` | {defaults.max_streams} |" in SECTION
+    assert f"| `max_fanouts` | {defaults.max_fanouts} |" in SECTION
+    assert f"| `retry_after` | {defaults.retry_after} |" in SECTION
+    assert f"| `keepalive` | {defaults.keepalive:g} |" in SECTION
+    assert defaults.max_body_bytes == 1024 * 1024 and "| `max_body_bytes` | 1 MiB |" in SECTION
+    assert ("models[2]: no model named 'gtp-4o' (did you mean 'gpt-4o'?)" in SECTION)
+    assert "cancelled: another stream answered first (mode first)" in SECTION
