@@ -42,6 +42,7 @@ bench: $(STAMP)
 	$(PY) bench/render.py
 	$(PY) bench/hostile.py
 	$(PY) bench/batch.py
+	$(PY) bench/serve.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis
