@@ -166,6 +166,12 @@ def test_four_models_stream_side_by_side_and_end_honestly(page: Any, tmp_path: P
         assert "TTFT" in (column(page, stream).locator(".col-metrics").text_content() or "")
     rows = page.locator("#summary-rows tr")
     assert page.locator("#summary").is_visible() and rows.count() == 4
+    for number, stream in enumerate(("writer", "thinker", "tools", "flaky")):
+        # A column's time is the summary's time for that stream (its own, not the fan-out's).
+        header = column(page, stream).locator(".col-metrics").text_content() or ""
+        cells = rows.nth(number).locator("td")
+        assert cells.nth(0).text_content() == stream
+        assert header.rsplit(" · ", 1)[-1] == cells.nth(7).text_content()
     assert "3 of 4 completed" in (page.locator("#summary h2").text_content() or "")
     assert "finished: 3 of 4 completed" in (page.locator("#run-status").text_content() or "")
     assert page.errors == []

@@ -330,7 +330,9 @@
         ttft = seconds(m.ttft);
         rate = perSecond(m.tokens_per_second, m.tokens_estimated);
         tokens = this.tokens !== null ? `${this.tokens} tokens` : `≈${m.chunks} chunks`;
-        elapsed = seconds(this.endedAt);
+        // The stream's own time, as the summary table gives it (from its request being
+        // sent; the record's t counts from the fan-out's start, queueing included).
+        elapsed = seconds(m.e2e_latency ?? this.endedAt);
       } else {
         ttft = this.firstContent !== null ? `≈${seconds(this.firstContent)}` : "–";
         const span = this.lastContent - this.firstContent;
