@@ -56,6 +56,7 @@ from .._exceptions import ConfigError
 from ..config import Config, ModelConfig, load_config
 from ..core.events import StreamFinished, StreamRetrying
 from ..core.result import Flag, Outcome, StreamResult
+from ..eval.cost import cost_of
 from ..fanout import Fanout, open_fanout
 from ..request import Endpoint, RetryPolicy, StreamRequest, content_key
 from .common import interrupt_on_sigint, open_endpoint, text_console
@@ -151,8 +152,18 @@ def batch_record(work: Work, result: StreamResult, *, cut: bool = False,
     ``cut``: the server cut this stream while others ran, and it is redone
     (a later record of the same key follows); ``redo``: how many times this
     unit had been cut and redone in this run before this record.
+
+    For evaluation it carries the prompt's ``messages`` as sent, its
+    ``expected`` (absent when the prompt has none), ``category`` and ``tags``
+    (absent when unset), and the stream's ``cost`` (USD, ``None`` when unknown)
+    with its ``cost_source`` (``fanout.eval.cost.cost_of``: ``"reported"``,
+    ``"price"`` or ``None``).  ``usage`` keeps every field the relay sent
+    (``cost``, ``prompt_tokens_details``, ...) after the three counts.  None of
+    these is in ``content_key``: an older results file resumes as before.
     """
     base = result_record(result)
+    usage = record_usage(result)
+    cost, cost_source = cost_of(usage, work.model.price)
     attempts = result.attempts
     rate_limited = sum(1 for a in attempts if a.status == 429)
     retry_wait = sum(a.waited for i, a in enumerate(attempts)
@@ -174,7 +185,9 @@ def batch_record(work: Work, result: StreamResult, *, cut: bool = False,
         "text": base["text"],
         "finish_reason": first.finish_reason if first else None,
         "choices": base["choices"],
-        "usage": base["usage"],
+        "usage": usage,
+        "cost": cost,
+        "cost_source": cost_source,
         "error": base["error"],
         "timed_out": base["timed_out"],
         "status": base["status"],
@@ -185,7 +198,21 @@ def batch_record(work: Work, result: StreamResult, *, cut: bool = False,
         "response_model": base["model"],
         "response_id": base["response_id"],
         "metrics": base["metrics"],
+        "messages": [dict(message) for message in work.prompt.messages],
+        **work.prompt.eval_fields(),
     }
+
+
+def record_usage(result: StreamResult) -> dict[str, Any] | None:
+    """The stream's usage as a record keeps it: the three counts (``None`` when not an
+    integer), then every other field the relay sent, as sent."""
+    usage = result.usage
+    if usage is None:
+        return None
+    counts = {"prompt_tokens": usage.prompt_tokens,
+              "completion_tokens": usage.completion_tokens,
+              "total_tokens": usage.total_tokens}
+    return {**counts, **{key: value for key, value in usage.raw.items() if key not in counts}}
 
 
 def is_done(state: str | None, accept_empty: bool) -> bool:
