@@ -614,15 +614,7 @@ class _Checker:
             raise self.fail(f"{where} kind", f"{_kind(kind)} is not a kind of scorer"
                             f"{_did_you_mean(kind, KINDS)} (kinds: {', '.join(KINDS)})")
         options = {key: value for key, value in raw.items() if key not in ("name", "kind")}
-        concurrency, overrides = JUDGE_CONCURRENCY, {}
         if kind == "judge":
-            concurrency = self.count(options, "concurrency", where) or JUDGE_CONCURRENCY
-            options.pop("concurrency", None)
-            if "deadlines" in options:
-                if not isinstance(options["deadlines"], dict):
-                    raise self.fail(f"{where} deadlines",
-                                    f"must be a table, not {_kind(options['deadlines'])}")
-                overrides = self.deadlines(options.pop("deadlines"), f"{where} deadlines")
             judge = options.get("model")
             names = [m.name for m in models]
             if isinstance(judge, str) and judge not in names \
@@ -635,8 +627,12 @@ class _Checker:
             scorer = make_scorer(name, kind, options, base_dir=base)
         except ValueError as exc:
             raise self.fail(where, str(exc)) from None
+        if kind != "judge":
+            return ScorerConfig(name=name, kind=kind, options=options, scorer=scorer)
         return ScorerConfig(name=name, kind=kind, options=options, scorer=scorer,
-                            concurrency=concurrency, deadline_overrides=overrides)
+                            concurrency=getattr(scorer, "concurrency", None)
+                            or JUDGE_CONCURRENCY,
+                            deadline_overrides=dict(getattr(scorer, "deadlines", None) or {}))
 
     def string(self, table: Mapping[str, Any], key: str, where: str, *,
                required: bool = False) -> str | None:

@@ -90,6 +90,39 @@ def _parser() -> argparse.ArgumentParser:
                             "default it is counted apart as empty, and redone on resume)")
     batch.add_argument("--config", metavar="FILE", help="config file (as for compare)")
 
+    batch.add_argument("--score", dest="scorers", action="append", default=[], metavar="NAME",
+                       help="score each answer as it arrives with this scorer (repeat): a "
+                            "[[scorers]] name of the config, or a builtin (exact, includes, "
+                            "numeric, choice, json, finish, tool_call)")
+    batch.add_argument("--scores", metavar="FILE",
+                       help="the scores file (default: RESULTS.scores.jsonl beside -o)")
+    batch.add_argument("--budget", type=float, metavar="USD",
+                       help="stop sending when this run's cost (finished streams, judges "
+                            "included, plus a bound for those in flight) would pass USD; "
+                            "exit 3 then (every model needs a price)")
+
+    score = commands.add_parser(
+        "score", help="(re)score a results file into its scores file",
+        description="Score the latest answer of every stream of RESULTS.jsonl with each "
+                    "--score scorer, into RESULTS.scores.jsonl (or --scores). Sends no model "
+                    "request except a judge's. Scores already current (same answer, same "
+                    "scorer) are kept, so running it again scores only what is new; "
+                    "--rescore scores everything again. Exit status: 0 when every score was "
+                    "written and every judge answered, 1 otherwise (running again finishes), "
+                    "2 for bad usage or input, 130 after a second Ctrl-C.")
+    score.add_argument("results", metavar="RESULTS.jsonl")
+    score.add_argument("--score", dest="scorers", action="append", default=[], metavar="NAME",
+                       required=True, help="a [[scorers]] name of the config or a builtin "
+                       "(repeat)")
+    score.add_argument("--scores", metavar="FILE",
+                       help="the scores file (default: RESULTS.scores.jsonl)")
+    score.add_argument("--prompts", metavar="PROMPTS.jsonl",
+                       help="take expected, category, tags and messages from this prompts "
+                            "file, by prompt id (over the results records')")
+    score.add_argument("--config", metavar="FILE", help="config file (as for compare)")
+    score.add_argument("--rescore", action="store_true",
+                       help="score again what is already current")
+
     report = commands.add_parser(
         "report", help="per-model summary of a results file",
         description="Summarize a results file of fanout batch, per model: outcomes, TTFT, "
@@ -211,7 +244,16 @@ def _batch(args: argparse.Namespace) -> int:
         prompts=args.prompts, output=args.output, models=tuple(args.models),
         samples=args.samples, concurrency=args.concurrency,
         per_model_concurrency=args.per_model_concurrency, shard=shard, config=args.config,
-        accept_empty=args.accept_empty))
+        accept_empty=args.accept_empty, scorers=tuple(args.scorers), scores=args.scores,
+        budget=args.budget))
+
+
+def _score(args: argparse.Namespace) -> int:
+    from .score import ScoreOptions, run_score
+
+    return run_score(ScoreOptions(
+        results=args.results, scorers=tuple(args.scorers), scores=args.scores,
+        prompts=args.prompts, config=args.config, rescore=args.rescore))
 
 
 async def _stop_on_sigterm(scope: trio.CancelScope) -> None:
@@ -242,6 +284,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _batch(args)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "score":
+        return _score(args)
     if args.command == "report":
         from .report import report
 

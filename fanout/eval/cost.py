@@ -25,7 +25,9 @@ from typing import Any, Final, Literal
 
 import attrs
 
-__all__ = ["COST_SOURCES", "PER", "Price", "cost_of", "estimate", "total"]
+from ..core.result import Usage
+
+__all__ = ["COST_SOURCES", "PER", "Price", "cost_of", "estimate", "total", "usage_record"]
 
 #: Prices are per this many tokens.
 PER: Final = 1_000_000
@@ -53,6 +55,18 @@ class Price:
     input: float = attrs.field(validator=_rate)
     output: float = attrs.field(validator=_rate)
     cached_input: float | None = attrs.field(default=None, validator=_rate)
+
+
+def usage_record(usage: Usage | None) -> dict[str, Any] | None:
+    """A stream's usage as a record keeps it: the three counts (``None`` when not an
+    integer), then every other field the relay sent, as sent (``cost``,
+    ``prompt_tokens_details``, ...)."""
+    if usage is None:
+        return None
+    counts = {"prompt_tokens": usage.prompt_tokens,
+              "completion_tokens": usage.completion_tokens,
+              "total_tokens": usage.total_tokens}
+    return {**counts, **{key: value for key, value in usage.raw.items() if key not in counts}}
 
 
 def _count(value: Any) -> int | None:

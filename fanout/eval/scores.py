@@ -189,7 +189,11 @@ def _keep(existing: Existing, record: dict[str, Any]) -> None:
     ident = score_id(work_key(record["id"], record["model"], record["sample"]),
                      record["scorer"])
     existing.latest.pop(ident, None)
-    existing.latest[ident] = {name: record.get(name) for name in _KEPT}
+    kept = {name: record.get(name) for name in _KEPT}
+    judge = record.get("judge")
+    if isinstance(judge, dict):
+        kept["judge_outcome"] = judge.get("outcome")
+    existing.latest[ident] = kept
 
 
 class ScoresFile(ResultsFile):
@@ -206,7 +210,11 @@ class ScoresFile(ResultsFile):
 
     def is_current(self, key: str, scorer: str, answer: str, scorer_key: str) -> bool:
         """Whether the file's latest score of (key, scorer) is of this answer by this
-        scorer (then scoring it again would give the same)."""
+        scorer (then scoring it again would give the same).  A judge's ``error`` score
+        whose judge stream did not complete is not current: the judge is asked again."""
         kept = self.existing.latest.get(score_id(key, scorer))
-        return kept is not None and kept.get("answer_key") == answer \
-            and kept.get("scorer_key") == scorer_key
+        if kept is None or kept.get("answer_key") != answer \
+                or kept.get("scorer_key") != scorer_key:
+            return False
+        return "judge_outcome" not in kept or kept["judge_outcome"] == "completed" \
+            or kept.get("status") != "error"
