@@ -124,11 +124,32 @@ def _parser() -> argparse.ArgumentParser:
                        help="score again what is already current")
 
     report = commands.add_parser(
-        "report", help="per-model summary of a results file",
+        "report", help="per-model summary of a results file, and its evaluation",
         description="Summarize a results file of fanout batch, per model: outcomes, TTFT, "
-                    "tokens/s, tokens, 429s. The latest record of each stream counts.")
+                    "tokens/s, tokens, 429s, cost. The latest record of each stream counts. "
+                    "With scores (RESULTS.scores.jsonl beside it, or --scores): each scorer's "
+                    "mean and pass rate with 95%% intervals, pass@k, pass^k and flaky prompts "
+                    "over samples; --against compares two runs key by key. Exit status: 0 "
+                    "with a report, 1 when the file holds no record, 2 for a file that cannot "
+                    "be read or is not a results (or scores) file, or bad usage.")
     report.add_argument("results", metavar="RESULTS.jsonl")
-    report.add_argument("--json", action="store_true", help="JSON instead of a table")
+    report.add_argument("--json", action="store_true", help="JSON instead of tables")
+    report.add_argument("--scores", metavar="FILE",
+                        help="the scores file (default: RESULTS.scores.jsonl, when it exists)")
+    report.add_argument("--by", choices=("category", "tag"),
+                        help="scores per model and prompt category (or tag)")
+    report.add_argument("--samples", type=int, metavar="K",
+                        help="the k of pass@k and pass^k (default: the most samples a prompt "
+                             "has)")
+    report.add_argument("--interval", choices=("bootstrap", "analytic"), default="bootstrap",
+                        help="95%% intervals: bootstrap over prompts (default; 10,000 "
+                             "resamples, seed 13), or analytic (Wilson, normal)")
+    report.add_argument("--against", metavar="B.jsonl",
+                        help="compare with another run's results (the baseline), key by key")
+    report.add_argument("--against-scores", metavar="FILE",
+                        help="the baseline's scores (default: B.scores.jsonl)")
+    report.add_argument("--html", metavar="OUT.html",
+                        help="also write the report as one self-contained HTML file")
 
     serve = commands.add_parser(
         "serve", help="the fan-out as an HTTP service, and a comparison page",
@@ -289,7 +310,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "report":
         from .report import report
 
-        return report(args.results, as_json=args.json)
+        return report(args.results, as_json=args.json, scores=args.scores, by=args.by,
+                      samples=args.samples, against=args.against,
+                      against_scores=args.against_scores, html=args.html,
+                      interval=args.interval)
     raise AssertionError(f"unhandled command {args.command!r}")  # pragma: no cover
 
 
