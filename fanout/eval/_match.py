@@ -18,7 +18,7 @@ from ._options import (
     string,
 )
 from ._text import Normalise, find_letter, numbers, parse_number
-from ._values import Answer, Score, quote
+from ._values import Answer, Score, quote, show_expected
 
 __all__ = ["Choice", "Exact", "Includes", "Numeric", "Regex"]
 
@@ -245,7 +245,7 @@ class Numeric(ScorerBase):
         wanted = [parse_number(item) for item in raw]
         if not raw or any(w is None for w in wanted):
             return Score.error(f"expected must be a number or a numeric string, not "
-                               f"{quote(json.dumps(answer.expected, default=str), 40)}")
+                               f"{show_expected(answer.expected)}")
         found = list(numbers(answer.text))
         if not found:
             return self.passfail(False, f"no number in {quote(answer.text)}")
@@ -300,7 +300,7 @@ class Choice(ScorerBase):
                   if isinstance(expected, str) else None)
         if not letter or letter not in self.letters or len(letter) != 1:
             return Score.error(f"expected must be one of the letters {self.letters}, not "
-                               f"{quote(json.dumps(expected, default=str), 20)}")
+                               f"{show_expected(expected, 20)}")
         found = find_letter(answer.text, self.letters)
         if found.letter is None:
             return self.passfail(False, f"{found.problem} in {quote(answer.text, 40)}")

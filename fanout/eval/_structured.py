@@ -26,7 +26,7 @@ from ._options import (
     table,
 )
 from ._text import find_json, first_difference, json_equal, json_subset
-from ._values import Answer, Score, quote
+from ._values import Answer, Score, quote, show_expected
 
 __all__ = ["Finish", "Json", "Python", "ToolCall"]
 
@@ -143,7 +143,7 @@ def _expected_call(expected: Any) -> tuple[str, Mapping[str, Any] | None] | str:
         if arguments is None or isinstance(arguments, Mapping):
             return expected["name"], arguments
     return ('expected must be a tool name or {"name": ..., "arguments": {...}}, not '
-            + quote(json.dumps(expected, default=str), 40))
+            + show_expected(expected))
 
 
 class ToolCall(ScorerBase):

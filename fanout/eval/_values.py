@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import enum
+import json
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, Literal
 
 import attrs
 
-__all__ = ["NO_EXPECTED", "Answer", "Score", "quote"]
+__all__ = ["NO_EXPECTED", "Answer", "Score", "quote", "show_expected"]
 
 
 class _Missing(enum.Enum):
@@ -36,6 +37,16 @@ def quote(text: str, limit: int = QUOTED) -> str:
     if len(text) > limit:
         return repr(text[:limit]) + "…"
     return repr(text)
+
+
+def show_expected(value: Any, limit: int = 40) -> str:
+    """An expected value in an explanation: a string ``quote``d, anything else as JSON
+    (non-printable characters escaped), cut to ``limit`` characters."""
+    if isinstance(value, str):
+        return quote(value, limit)
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    text = "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in text)
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 def _text_of(content: Any) -> str:

@@ -398,6 +398,27 @@ def test_numeric(text: str, expected: Any, options: dict[str, Any], ok: bool) ->
     assert passes("numeric", text, expected, **options) is ok
 
 
+@given(st.floats(allow_nan=False, allow_infinity=False, min_value=-1e15, max_value=1e15),
+       st.sampled_from(["{:.6g}", "{:,.2f}", "{:.3e}", "${:,.0f}", "{:g}%"]),
+       st.sampled_from(["", "So the result is ", "Step 1: 3 apples.\nAnswer: "]))
+def test_numeric_reads_back_any_number_it_is_shown(value: float, form: str, lead: str) -> None:
+    written = form.format(value)
+    if written.startswith("$-"):  # "$-5": the sign goes first
+        written = "-$" + written[2:]
+    shown = float(written.replace("$", "").strip("%").replace(",", ""))
+    assert passes("numeric", f"{lead}{written}.", shown, relative=1e-12)
+
+
+@given(st.sampled_from("ABCD"), st.sampled_from(["Answer: {}", "The answer is ({}).",
+                                                 "**{}**", "I reason at length.\n\n{}\n",
+                                                 "answer is {}", "Final answer - {}"]),
+       st.booleans())
+def test_choice_reads_back_the_letter_in_every_form(letter: str, form: str, lower: bool
+                                                    ) -> None:
+    text = form.format(letter.lower() if lower else letter)
+    assert find_letter(text, "ABCD").letter == letter, text
+
+
 def test_numeric_no_number_is_a_fail_with_its_explanation() -> None:
     result = score("numeric", "I do not know", 4)
     assert (result.status, result.passed) == ("scored", False)
@@ -482,7 +503,9 @@ def test_choice_custom_letters_and_expected_forms() -> None:
     assert score("choice", "Answer: C", "B").explanation == "answered C, not B (statement)"
     result = score("choice", "B", "E")
     assert result.status == "error"
-    assert result.explanation == "expected must be one of the letters ABCD, not '\"E\"'"
+    assert result.explanation == "expected must be one of the letters ABCD, not 'E'"
+    listed = score("choice", "B", ["B", "\x85"]).explanation
+    assert listed == 'expected must be one of the letters ABCD, not ["B", "\\u0085"]'
 
 
 # ---------------------------------------------------------------- json
