@@ -217,8 +217,10 @@ def evaluation_view(evaluation: Evaluation, console: Console, *, cost: bool = Tr
                 parts.append(_listed(f"  {_name(row)}: {len(scorer.flaky)} flaky: ",
                                      scorer.flaky))
             if scorer.short:
-                parts.append(Text(f"  {_name(row)}: {scorer.short} prompts with fewer than "
-                                  f"{k} scored samples, left out of pass@{k} and pass^{k}",
+                several = scorer.short != 1
+                parts.append(Text(f"  {_name(row)}: {scorer.short} prompt"
+                                  f"{'s' if several else ''} with fewer than {k} scored "
+                                  f"samples left out of pass@{k} and pass^{k}",
                                   "dim", no_wrap=True, overflow="ellipsis"))
     notes = [_interval_note(evaluation)] if evaluation.scorers else []
     if evaluation.stale:

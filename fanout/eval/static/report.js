@@ -1,4 +1,4 @@
-// fanout report --html: the page draws itself from the JSON in <script id="data">.
+// fanout report --html: the page draws itself from the JSON in the script element #data.
 // Nothing is fetched; the file's Content-Security-Policy allows nothing but this
 // script and its style.
 //
