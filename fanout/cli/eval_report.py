@@ -277,19 +277,19 @@ def comparison_view(comparison: Comparison, against: str, console: Console
                           "yellow"))
         return parts
     columns: list[Column] = [
-        ("model", "model"), ("scorer", "scorer"), ("pairs", "pairs"), ("A", "A"), ("B", "B"),
+        ("model · scorer", "model ·\nscorer"), ("pairs", "pairs"), ("A", "A"), ("B", "B"),
         ("A-B", "A-B"), ("95% CI", "95% CI"), ("p", "p\nboot"),
         ("pass→fail", "pass\n→fail"), ("fail→pass", "fail\n→pass"), ("McNemar p", "McNe-\nmar p")]
     rows = []
     for row in comparison.rows:
         estimate = row.difference.difference if row.difference else None
         rows.append({
-            "model": Text(_printable(row.model)), "scorer": Text(_printable(row.scorer)),
+            "model · scorer": Text(f"{_printable(row.model)} · {_printable(row.scorer)}"),
             "pairs": Text(str(row.pairs)), "A": Text(_score(row.mean_a)),
             "B": Text(_score(row.mean_b)),
             "A-B": Text("-" if estimate is None else f"{estimate.value:+.2f}"),
             "95% CI": Text("-" if estimate is None
-                           else f"{estimate.low:+.2f}{DASH}{estimate.high:+.2f}"),
+                           else f"[{estimate.low:+.2f}, {estimate.high:+.2f}]"),
             "p": Text(_p(row.difference.p_value if row.difference else None)),
             "pass→fail": Text(str(len(row.pass_to_fail)),
                               "red" if row.pass_to_fail else "dim"),
@@ -300,7 +300,7 @@ def comparison_view(comparison: Comparison, against: str, console: Console
     for row in comparison.rows:
         for what, flips in (("pass→fail", row.pass_to_fail), ("fail→pass", row.fail_to_pass)):
             if flips:
-                parts.append(_listed(f"  {_printable(row.model)} {_printable(row.scorer)} "
+                parts.append(_listed(f"  {_printable(row.model)} · {_printable(row.scorer)} "
                                      f"{what}: ", _flip_names(flips)))
     parts.append(Text(f"p boot: paired bootstrap over prompts ({comparison.resamples:,} "
                       f"resamples, seed {comparison.seed}); McNemar: exact binomial below "

@@ -144,6 +144,8 @@ def _script_json(data: Any) -> str:
 def page(data: Mapping[str, Any]) -> str:
     """The HTML text of the page for ``data`` (``report_data``)."""
     script, style = _asset("report.js"), _asset("report.css")
+    if "</script" in script.lower() or "</style" in style.lower():  # would end them early
+        raise ValueError("the report's script or style holds its own end tag")
     policy = (f"default-src 'none'; script-src '{_hash(script)}'; "
               f"style-src '{_hash(style)}'; img-src data:; base-uri 'none'; form-action 'none'")
     title = html.escape(f"fanout report · {data.get('title') or ''}".strip(" ·"), quote=True)

@@ -45,6 +45,7 @@
     const text = total === 0 ? "$0" : total >= 100 ? `$${Math.round(total)}` : `$${Number(total.toPrecision(4))}`;
     return text + (unknown ? "+" : "");
   }
+  const signed = (v) => `${v > 0 || Object.is(v, 0) ? "+" : v < 0 ? "−" : ""}${Math.abs(v).toFixed(2)}`;
   const interval = (e, f) => (e ? `${f(e.low)}–${f(e.high)}` : "–");
 
   function table(headers, rows, className) {
@@ -218,8 +219,8 @@
     node.appendChild(el("p", "counts", `${against.both} keys in both (${against.not_both_completed} not completed in both), ` +
       `${against.only_a} only in A, ${against.only_b} only in B`));
     const rows = against.rows.map((r) => [r.model, r.scorer, r.pairs, score(r.mean_a), score(r.mean_b),
-      r.difference ? `${r.difference.value >= 0 ? "+" : ""}${r.difference.value.toFixed(2)}` : "–",
-      r.difference ? `${r.difference.low.toFixed(2)}–${r.difference.high.toFixed(2)}` : "–",
+      r.difference ? signed(r.difference.value) : "–",
+      r.difference ? `[${signed(r.difference.low)}, ${signed(r.difference.high)}]` : "–",
       pValue(r.difference && r.difference.p_value), r.pass_to_fail.length, r.fail_to_pass.length,
       pValue(r.mcnemar.p_value)]);
     node.appendChild(table(["model", "scorer", "pairs", "A", "B", "A−B", "95% CI", "p (bootstrap)", "pass→fail",
