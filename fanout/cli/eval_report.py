@@ -19,7 +19,7 @@ from rich.console import Console, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from ..eval.aggregate import Comparison, Evaluation, Flip, ModelRow, ScorerRow
+from ..eval.aggregate import Comparison, Evaluation, Flip, ModelRow, Paired, ScorerRow
 from ..eval.stats import EXACT_BELOW, Estimate
 
 __all__ = ["comparison_view", "cost_lines", "evaluation_view", "fit", "format_cost"]
@@ -277,36 +277,38 @@ def comparison_view(comparison: Comparison, against: str, console: Console
                           "yellow"))
         return parts
     columns: list[Column] = [
-        ("model · scorer", "model ·\nscorer"), ("pairs", "pairs"), ("A", "A"), ("B", "B"),
-        ("A-B", "A-B"), ("95% CI", "95% CI"), ("p", "p\nboot"),
-        ("pass→fail", "pass\n→fail"), ("fail→pass", "fail\n→pass"), ("McNemar p", "McNe-\nmar p")]
-    rows = []
-    for row in comparison.rows:
-        estimate = row.difference.difference if row.difference else None
-        rows.append({
-            "model · scorer": Text(f"{_printable(row.model)} · {_printable(row.scorer)}"),
-            "pairs": Text(str(row.pairs)), "A": Text(_score(row.mean_a)),
-            "B": Text(_score(row.mean_b)),
-            "A-B": Text("-" if estimate is None else f"{estimate.value:+.2f}"),
-            "95% CI": Text("-" if estimate is None
-                           else f"[{estimate.low:+.2f}, {estimate.high:+.2f}]"),
-            "p": Text(_p(row.difference.p_value if row.difference else None)),
-            "pass→fail": Text(str(len(row.pass_to_fail)),
-                              "red" if row.pass_to_fail else "dim"),
-            "fail→pass": Text(str(len(row.fail_to_pass)),
-                              "green" if row.fail_to_pass else "dim"),
-            "McNemar p": Text(_p(row.mcnemar.p_value))})
-    parts += fit(columns, rows, console)
-    for row in comparison.rows:
-        for what, flips in (("pass→fail", row.pass_to_fail), ("fail→pass", row.fail_to_pass)):
-            if flips:
-                parts.append(_listed(f"  {_printable(row.model)} · {_printable(row.scorer)} "
-                                     f"{what}: ", _flip_names(flips)))
+        ("model", "model"), ("pairs", "pairs"), ("A", "A"), ("B", "B"), ("A-B", "A-B"),
+        ("95% CI", "95% CI"), ("p", "p\nboot"), ("pass→fail", "pass\n→fail"),
+        ("fail→pass", "fail\n→pass"), ("McNemar p", "McNe-\nmar p")]
+    for scorer in sorted({row.scorer for row in comparison.rows}):
+        rows = [row for row in comparison.rows if row.scorer == scorer]
+        parts += [Text(), Text(f"scorer: {_printable(scorer)}", "bold"),
+                  *fit(columns, [_paired_cells(row) for row in rows], console)]
+        for row in rows:
+            for what, flips in (("pass→fail", row.pass_to_fail),
+                                ("fail→pass", row.fail_to_pass)):
+                if flips:
+                    parts.append(_listed(f"  {_printable(row.model)} {what}: ",
+                                         _flip_names(flips)))
     parts.append(Text(f"p boot: paired bootstrap over prompts ({comparison.resamples:,} "
                       f"resamples, seed {comparison.seed}); McNemar: exact binomial below "
                       f"{EXACT_BELOW} flips, else chi-square with continuity correction",
                       "dim"))
     return parts
+
+
+def _paired_cells(row: Paired) -> dict[str, Text]:
+    estimate = row.difference.difference if row.difference else None
+    return {
+        "model": Text(_printable(row.model)), "pairs": Text(str(row.pairs)),
+        "A": Text(_score(row.mean_a)), "B": Text(_score(row.mean_b)),
+        "A-B": Text("-" if estimate is None else f"{estimate.value:+.2f}"),
+        "95% CI": Text("-" if estimate is None
+                       else f"[{estimate.low:+.2f}, {estimate.high:+.2f}]"),
+        "p": Text(_p(row.difference.p_value if row.difference else None)),
+        "pass→fail": Text(str(len(row.pass_to_fail)), "red" if row.pass_to_fail else "dim"),
+        "fail→pass": Text(str(len(row.fail_to_pass)), "green" if row.fail_to_pass else "dim"),
+        "McNemar p": Text(_p(row.mcnemar.p_value))}
 
 
 def _flip_names(flips: Sequence[Flip]) -> list[str]:
