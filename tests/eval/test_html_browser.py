@@ -220,3 +220,34 @@ def test_the_comparison_lists_flips_and_a_flip_finds_its_prompt(page: Any) -> No
     against.locator(".flips.better button.flip").click()
     assert visible(page) == ["p1"]
     assert page.errors == []
+
+
+def test_without_scores_different_compares_the_answers_text(tmp_path: Path) -> None:
+    answers = {"same": ("yes", "yes "), "other": ("yes", "no"), "cut": ("yes", "yes")}
+    lines = [record(prompt, model, text) for prompt, texts in answers.items()
+             for model, text in zip(("writer", "thinker"), texts, strict=True)]
+    lines[-1] = record("cut", "thinker", "ye", outcome="truncated")
+    results = _write(tmp_path / "plain.jsonl", lines)
+    out = tmp_path / "plain.html"
+    done = subprocess.run([sys.executable, "-m", "fanout.cli.main", "report", str(results),
+                           "--html", str(out)], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        try:
+            page = browser.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            page.goto(out.as_uri())
+            page.wait_for_selector("body[data-ready]")
+            # surrounding spaces do not make answers differ; a truncated "ye" does
+            assert choose(page, "different") == ["other", "cut"]
+            assert choose(page, "truncated") == ["cut"]
+            assert choose(page, "failures") == []
+            assert page.locator(".score-chart").count() == 0
+            assert "No scores" in (page.locator("#charts").text_content() or "")
+            assert page.locator(".dist-ttft rect.box").count() == 2
+            assert errors == []
+        finally:
+            browser.close()
