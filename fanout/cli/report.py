@@ -16,6 +16,12 @@ The table fits the console: one table where it is wide enough (about 150
 columns), else two tables (outcomes; latency, tokens and 429s), with two-line
 headers when narrower, the model column folding; below about 60 columns one
 block per model.  Every number is whole in each layout.
+
+With scores (``RESULTS.scores.jsonl`` beside the results, or ``--scores``) the
+report goes on with the evaluation (``fanout.eval.aggregate``, drawn by
+``eval_report``): each scorer's table, cost, ``--against``'s comparison, and
+``--html`` writes the page (``fanout.eval.html``).  The evaluation holds the
+results file's records in memory (the summary alone streams it).
 """
 
 from __future__ import annotations
