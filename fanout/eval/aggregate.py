@@ -482,6 +482,9 @@ def _paired(a: Run, b: Run, keys: Sequence[str], model: str, scorer: str, seed: 
             better.append(Flip(record["id"], record["sample"]))
     if not flat:
         return None
+    order = {prompt: index for index, prompt in enumerate(differences)}
+    worse.sort(key=lambda flip: (order[str(flip.id)], flip.sample))
+    better.sort(key=lambda flip: (order[str(flip.id)], flip.sample))
     return Paired(model, scorer, len(flat), len(differences), stats.mean(values_a),
                   stats.mean(values_b),
                   stats.paired_bootstrap(differences, resamples=resamples, seed=seed),

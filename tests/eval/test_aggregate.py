@@ -276,3 +276,15 @@ def test_compare_runs_without_common_scorers_or_keys() -> None:
     comparison = compare_runs(a, b)
     assert comparison.rows == () and (comparison.only_a, comparison.only_b) == (1, 1)
     assert math.isfinite(comparison.resamples)
+
+
+def test_flips_are_listed_by_prompt_then_sample() -> None:
+    a_records, b_records = [], []
+    for sample in (1, 0):  # finished in another order than sampled
+        a_records += [answer("q2", "m", "x", sample=sample), answer("q1", "m", "x", sample=sample)]
+        b_records += [answer("q1", "m", "y", sample=sample), answer("q2", "m", "y", sample=sample)]
+    a = prepare(a_records, latest([score(r, 0.0) for r in a_records]))
+    b = prepare(b_records, latest([score(r, 1.0) for r in b_records]))
+    (row,) = compare_runs(a, b, resamples=100).rows
+    assert [(f.id, f.sample) for f in row.pass_to_fail] == [("q2", 0), ("q2", 1), ("q1", 0),
+                                                            ("q1", 1)]
