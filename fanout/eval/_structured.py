@@ -280,8 +280,9 @@ class Python(ScorerBase):
     passed as keyword arguments.  The function returns a bool (pass or fail), a
     number in [0, 1], a ``Score``, or ``(value, explanation)``.  An exception is an
     ``error`` score with its one-line message (never a traceback); a value outside
-    [0, 1], NaN, or anything else returned is an ``error`` too.  The module file's
-    content is part of the scorer's key: editing the function rescores.
+    [0, 1], NaN, or anything else returned is an ``error`` too (``SystemExit`` included:
+    a function's ``sys.exit`` ends its score, not the run; Ctrl-C still stops the run).
+    The module file's content is part of the scorer's key: editing the function rescores.
     """
 
     kind = "python"
@@ -301,7 +302,7 @@ class Python(ScorerBase):
     def grade(self, answer: Answer) -> Score:
         try:
             result = self.function(answer, **self.args)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # a scorer's sys.exit is its answer's error
             return Score.error(f"{self.options['function']} raised {_one_line(exc)}")
         return self._convert(result)
 

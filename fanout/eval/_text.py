@@ -158,9 +158,10 @@ def find_letter(text: str, letters: str) -> Letter:
             return Letter(None, f"ambiguous: {last.group().strip()[:40]!r}", "statement")
         return Letter(last["letter"].upper(), how="statement")
 
-    lone = re.compile(r"^[\s" + re.escape(_DECOR) + r"(\[]*(?P<letter>" + letter_class
-                      + r")[\s" + re.escape(_DECOR) + r")\].:]*$", re.MULTILINE)
-    found = {m["letter"].upper() for m in lone.finditer(text)}
+    lone = re.compile(r"[ \t" + re.escape(_DECOR) + r"(\[]*(?P<letter>" + letter_class
+                      + r")[ \t" + re.escape(_DECOR) + r")\].:]*")
+    # line by line: a pattern free to cross lines would be quadratic on many blank ones
+    found = {m["letter"].upper() for m in map(lone.fullmatch, _short_lines(text)) if m}
     if found:
         return _one(found, "a lone letter line")
 
@@ -175,6 +176,11 @@ def find_letter(text: str, letters: str) -> Letter:
     if found:
         return _one(found, "a capital letter alone")
     return Letter(None, "no answer letter found")
+
+
+def _short_lines(text: str, limit: int = 80) -> Iterator[str]:
+    """The lines of ``text`` short enough to be one decorated letter."""
+    return (line for line in text.splitlines() if len(line) <= limit)
 
 
 def _set_apart(match: re.Match[str], text: str) -> bool:

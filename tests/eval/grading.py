@@ -40,6 +40,10 @@ def raises_multiline(answer: Answer) -> float:
     raise ValueError("first line\nTraceback (most recent call last): second line")
 
 
+def exits(answer: Answer) -> float:
+    raise SystemExit(3)
+
+
 def too_big(answer: Answer) -> float:
     return 1.5
 

@@ -744,6 +744,7 @@ def test_python_return_values() -> None:
         ("raises", "tests.eval.grading:raises raised KeyError: 'missing'"),
         ("raises_multiline", "tests.eval.grading:raises_multiline raised ValueError: first "
          "line"),
+        ("exits", "tests.eval.grading:exits raised SystemExit: 3"),
         ("too_big", "tests.eval.grading:too_big returned 1.5: not in [0, 1]"),
         ("negative", "tests.eval.grading:negative returned -0.1: not in [0, 1]"),
         ("nan", "tests.eval.grading:nan returned nan: not in [0, 1]"),
@@ -783,6 +784,35 @@ def test_python_key_follows_the_module_source(tmp_path: Path) -> None:
     b = make_scorer("p", "python", {"function": "tests.eval.grading:half"})
     assert a.key == b.key
     assert make_scorer("p", "python", {"function": "tests.eval.grading:is_x"}).key != a.key
+
+
+# ---------------------------------------------------------------- hostile sizes
+
+def test_hostile_answers_take_linear_time() -> None:
+    # A hang guard, not a measurement: each of these inputs once took minutes (a pattern
+    # free to cross lines, quadratic on blank lines); linear, all of them together take
+    # well under a second.  bench numbers: see the scorers' README fragment.
+    script = textwrap.dedent("""
+        from fanout.eval.scorers import Answer, make_scorer
+        n = 400_000
+        texts = ["\\n" * n, "```\\n" * (n // 4), " \\n" * (n // 2) + "B", "answer " + "*" * n,
+                 "answer is " * (n // 10), "1," * (n // 2), "GRADE:" + " " * n,
+                 "A or B, (c) **d** " * (n // 18), "[" * n, "1e" * (n // 2), "<" * n]
+        scorers = [make_scorer(k, k, {}) for k in ("exact", "includes", "numeric", "choice",
+                                                   "json", "tool_call", "finish")]
+        judge = make_scorer("j", "judge", {"model": "m"})
+        for text in texts:
+            answer = Answer("q", "m", 0, "completed", text, expected="B")
+            for scorer in scorers:
+                assert scorer.score(answer).status in ("scored", "error")
+            assert judge.verdict(text).status in ("scored", "error")
+            judge.messages(answer)
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
 
 
 # ---------------------------------------------------------------- Answer
