@@ -258,8 +258,11 @@ class Numeric(ScorerBase):
         for target in wanted:
             assert target is not None
             allowed = max(self.options["tolerance"], self.options["relative"] * abs(target))
-            if abs(value - target) <= allowed:
+            if value == target:
                 return self.passfail(True, f"{chosen.written} = {_g(target)}")
+            if abs(value - target) <= allowed:
+                return self.passfail(True, f"{chosen.written} is within {_g(allowed)} of "
+                                     f"{_g(target)}")
         targets = " or ".join(_g(t) for t in wanted if t is not None)
         return self.passfail(False, f"{extract} number {chosen.written} is not {targets}")
 

@@ -425,6 +425,9 @@ def test_numeric_no_number_is_a_fail_with_its_explanation() -> None:
     assert result.explanation == "no number in 'I do not know'"
     only = score("numeric", "7 or 8", 8, extract="only")
     assert only.explanation == "2 numbers in the answer, expected only one"
+    assert score("numeric", "It is 1,234.5", 1234.5).explanation == "1,234.5 = 1234.5"
+    assert score("numeric", "About $1,009.50", 1000, relative=0.01).explanation == (
+        "$1,009.50 is within 10 of 1000")
     wrong = score("numeric", "It is 1,234.5", 3)
     assert wrong.explanation == "last number 1,234.5 is not 3"
 
