@@ -122,8 +122,9 @@ def find_letter(text: str, letters: str) -> Letter:
     In order, the first rule that finds something decides:
 
     1. an explicit statement: ``answer: B``, ``the answer is (c)``, ``Final
-       answer - **D**``, ``correct option is B``; the LAST one in the text wins
-       (a model that changes its mind ends with its answer);
+       answer - **D**``, ``correct option is B``, ``choice: C`` (a bare ``option`` or
+       ``choice`` needs ``is`` or ``:``: ``Option A is wrong`` states nothing); the
+       LAST one in the text wins (a model that changes its mind ends with its answer);
     2. a line that is one letter alone, decorated or not (``B``, ``**C**``,
        ``(d).``); several such lines with different letters are ambiguous;
     3. a letter set apart by brackets or emphasis anywhere (``(c)``, ``**B**``,
@@ -139,9 +140,14 @@ def find_letter(text: str, letters: str) -> Letter:
     letter_class = "[" + re.escape(letters) + re.escape(letters.lower()) + "]"
     opening = r"[\s*_`(\[\"'\u201c\u2018]*"
     closing = r"[*_`)\]\"'\u201d\u2019]*"
+    verb = r"\s+(?:is|would\s+be|will\s+be|should\s+be)"
+    mark = r"[:=\-\u2013\u2014]\s*"
     explicit = re.compile(
-        r"\b(?:final\s+answer|correct\s+(?:answer|option|choice)|answer|option|choice)"
-        r"(?:\s+(?:is|would\s+be|will\s+be|should\s+be))?\s*(?:[:=\-\u2013\u2014]\s*)?"
+        # "answer" needs no verb ("Answer B"); a bare "option"/"choice" does ("Option A is
+        # wrong" states nothing), unless qualified ("correct option b")
+        r"\b(?:(?:(?:final|correct|best|right)\s+(?:answer|option|choice)|answer)"
+        r"(?:" + verb + r")?\s*(?:" + mark + r")?"
+        r"|(?:option|choice)(?:" + verb + r"\s*(?:" + mark + r")?|\s*" + mark + r"))"
         + opening + r"(?P<open>[(\[*_`]?)(?P<letter>" + letter_class + r")(?P<close>" + closing
         + r")(?P<after>(?:\s*(?:or|and|/|,|&)\s*" + opening + letter_class + r"\b)?)"
         r"(?=$|[\s.,;:!?)\]*_`\"'\u201d\u2019])",

@@ -468,6 +468,10 @@ def test_numbers_and_parse_number() -> None:
         ("The answer is a bit tricky. Answer: C", "C"),  # a lower-case word is no letter
         ("I pick B, definitely", "B"),
         ("Correct option: b)", "B"),
+        ("The answer is B. Option A is wrong.", "B"),  # "Option A" states nothing
+        ("Option A is wrong; choice: C", "C"),
+        ("The best choice is (d).", "D"),
+        ("The answer depends on context. Answer: A", "A"),
     ],
 )
 def test_choice_finds_the_letter(text: str, letter: str) -> None:
