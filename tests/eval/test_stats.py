@@ -9,6 +9,9 @@ import ast
 import itertools
 import math
 import random
+import subprocess
+import sys
+import textwrap
 from fractions import Fraction
 from pathlib import Path
 
@@ -289,10 +292,47 @@ def test_the_paired_bootstrap_sees_a_clear_difference_and_no_difference() -> Non
 
 
 def test_the_statistics_are_sans_io() -> None:
-    for name in ("stats", "aggregate"):
+    for name in ("stats", "aggregate", "html"):
         tree = ast.parse((ROOT / "fanout" / "eval" / f"{name}.py").read_text())
         imported = {alias.name.split(".")[0] for node in ast.walk(tree)
                     if isinstance(node, ast.Import) for alias in node.names}
         imported |= {(node.module or "").split(".")[0] for node in ast.walk(tree)
                      if isinstance(node, ast.ImportFrom) and not node.level}
         assert not imported & {"trio", "httpx", "numpy", "scipy", "rich", "anyio"}, name
+
+
+def test_stats_aggregate_and_the_page_run_without_trio_or_httpx() -> None:
+    # A fresh interpreter where trio and httpx cannot be imported, and the package's
+    # __init__ (which imports the I/O layers) is skipped.
+    script = textwrap.dedent(f"""
+        import importlib.abc, sys, types
+
+        class Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split('.')[0] in ('trio', 'httpx', 'httpcore', 'anyio', 'rich'):
+                    raise ImportError('blocked: ' + name)
+                return None
+
+        sys.meta_path.insert(0, Block())
+        stub = types.ModuleType('fanout')
+        stub.__path__ = [{str(ROOT / "fanout")!r}]
+        sys.modules['fanout'] = stub
+        from fanout.eval import aggregate, html, stats
+        from fanout.eval.scores import answer_key
+        record = {{"id": "q1", "model": "m", "sample": 0, "outcome": "completed",
+                   "content_key": "c", "text": "yes", "choices": []}}
+        score = {{"id": "q1", "model": "m", "sample": 0, "scorer": "exact",
+                  "answer_key": answer_key(record), "status": "scored", "score": 1.0,
+                  "passed": True}}
+        run = aggregate.prepare([record], {{('["q1", "m", 0]', "exact"): score}})
+        evaluation = aggregate.evaluate(run, resamples=10)
+        assert evaluation.rows[0].scorers[0].mean.value == 1.0
+        assert "<script>" in html.page(html.report_data(run, evaluation))
+        assert stats.pass_at_k(3, 1, 2) == stats.Fraction(2, 3)
+        print(sorted(m for m in sys.modules
+                     if m.split('.')[0] in ('trio', 'httpx', 'httpcore', 'anyio', 'rich')))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
