@@ -874,6 +874,29 @@ def test_answer_from_a_sparse_or_odd_record() -> None:
     assert turns.question == "[user] hi\n[assistant] hello\n[user] and"
 
 
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
+                                                                 max_size=3),
+    max_leaves=8)
+FIELDS = ("id", "model", "sample", "outcome", "reason", "text", "finish_reason", "choices",
+          "messages", "expected", "category", "tags")
+RECORDS = st.dictionaries(st.sampled_from(FIELDS), JSON | st.just("completed"), max_size=12)
+
+
+@given(RECORDS, st.one_of(st.none(), RECORDS))
+def test_any_record_makes_an_answer_every_builtin_can_score(record: dict[str, Any],
+                                                            prompt: dict[str, Any] | None
+                                                            ) -> None:
+    record.setdefault("outcome", "completed")
+    a = Answer.from_record(record, prompt)
+    for scorer in BUILTIN.values():
+        result = scorer.score(a)
+        assert result.status in ("scored", "unscored", "error")
+        assert "\n" not in result.explanation
+    make_scorer("j", "judge", {"model": "m"}).messages(a)
+
+
 def test_score_values_are_checked() -> None:
     with pytest.raises(ValueError):
         Score("scored", 1.5, True, "x")
