@@ -894,7 +894,9 @@ def test_any_record_makes_an_answer_every_builtin_can_score(record: dict[str, An
         result = scorer.score(a)
         assert result.status in ("scored", "unscored", "error")
         assert "\n" not in result.explanation
-    make_scorer("j", "judge", {"model": "m"}).messages(a)
+    grader = make_scorer("j", "judge", {"model": "m"})
+    assert isinstance(grader, JudgeScorer)
+    assert [m["role"] for m in grader.messages(a)] == ["system", "user"]
 
 
 def test_score_values_are_checked() -> None:
