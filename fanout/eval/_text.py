@@ -77,7 +77,9 @@ def numbers(text: str) -> Iterator[Number]:
     Thousands separators are commas in groups of three (``1,234.5``; ``1,23`` is
     two numbers), a sign counts only where no word or digit precedes it (``2-3``
     is 2 and 3), ``$12`` is 12, ``1e-3`` is 0.001, ``12%`` is 12 with ``percent``.
-    A number glued to a word's end (``H2O``) is not one.
+    A number glued to a word's end (``H2O``) is not one.  Not read: fractions
+    (``3/4`` is 3 and 4), spaces as thousands separators (``1 000`` is 1 and 0),
+    words (``four``).
     """
     for match in _NUMBER.finditer(text):
         digits = match["digits"].replace(",", "") + (match["exponent"] or "")

@@ -392,6 +392,9 @@ def test_regex_flags_m_and_s() -> None:
         ("1,23", 23, {}, True),  # not a thousands group: two numbers
         ("7", 7, {"extract": "only"}, True),
         ("7 or 8", 8, {"extract": "only"}, False),
+        ("p = 3/4", 0.75, {}, False),  # a fraction is two numbers
+        ("p = 3/4", 4, {}, True),
+        ("version 1.2.3", 1.2, {}, True),  # .3 glued to 1.2 is no number of its own
     ],
 )
 def test_numeric(text: str, expected: Any, options: dict[str, Any], ok: bool) -> None:
