@@ -86,7 +86,7 @@ def number(low: float | None = None, high: float | None = None, *, integer: bool
                 or (isinstance(value, float) and not math.isfinite(value))
                 or (low is not None and value < low) or (high is not None and value > high)):
             raise ValueError(f"must be {what}")
-        return value
+        return value if integer else float(value)  # 1 and 1.0: one option, one key
     return check
 
 
@@ -145,9 +145,11 @@ def scorer_key(kind: str, options: Mapping[str, Any]) -> str:
 
 
 def _canonical(value: Any) -> Any:
-    if isinstance(value, tuple | frozenset | set):
-        return sorted(value) if isinstance(value, frozenset | set) else list(value)
-    raise TypeError(f"not canonical JSON: {type(value).__name__}")
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, frozenset | set):
+        return sorted(value, key=repr)
+    return repr(value)  # a TOML date in a schema, say: stable, and never a crash
 
 
 class ScorerBase:

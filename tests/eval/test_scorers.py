@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import subprocess
 import sys
@@ -99,6 +100,13 @@ def test_key_is_stable_over_option_order_and_spelt_out_defaults() -> None:
     assert len(a.key) == 16 and int(a.key, 16) >= 0
     assert make_scorer("a", "numeric", {"tolerance": 0.25, "extract": "first"}).key != a.key
     assert make_scorer("a", "exact", {}).key != make_scorer("a", "includes", {}).key
+    assert make_scorer("a", "numeric", {"tolerance": 1}).key == make_scorer(
+        "a", "numeric", {"tolerance": 1.0}).key
+    assert make_scorer("a", "finish", {"allowed": ["stop"]}).key == make_scorer(
+        "a", "finish", {"allowed": "stop"}).key
+    dated = {"type": "object", "examples": [datetime.date(2026, 12, 1)]}  # TOML has dates
+    assert make_scorer("a", "json", {"schema": dated}).key == make_scorer(
+        "a", "json", {"schema": dict(dated)}).key
     # the key is a pure function of (kind, options): the same in another process
     code = ("from fanout.eval.scorers import make_scorer; print(make_scorer('z', 'numeric', "
             "{'extract': 'first', 'tolerance': 0.5}).key)")
