@@ -26,10 +26,12 @@ results file's records in memory (the summary alone streams it).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import re
+import stat
 import statistics
 import sys
 from collections import Counter
@@ -389,6 +391,31 @@ def _read_scores(path: str, explicit: bool, say: Callable[[str], None]
     return dict(scores)
 
 
+def _html_problem(target: str, inputs: Sequence[str]) -> str | None:
+    """Why ``target`` must not be written (replaced) by the page, or ``None``: an input
+    of the report, anything but a regular file, a file that is not an HTML page."""
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot write: {exc.strerror or exc}"
+    if not stat.S_ISREG(mode):
+        return "not a regular file; name a file to write the page to"
+    for name in inputs:
+        with contextlib.suppress(OSError):
+            if os.path.samefile(target, name):
+                return f"is {printable(name)}, an input of the report; name another file"
+    try:
+        with open(target, "rb") as file:
+            head = file.read(64)
+    except OSError as exc:
+        return f"cannot read what is there: {exc.strerror or exc}"
+    if head and not head.lstrip().lower().startswith(b"<!doctype html"):
+        return "exists and is not an HTML page (it is left as it was); name another file"
+    return None
+
+
 def _json_text(value: Any) -> str:
     return json.dumps(value, indent=2).replace("\x7f", "\\u007f")  # ASCII, inert
 
@@ -431,6 +458,13 @@ def report(path: str, *, as_json: bool, stdout: TextIO | None = None,
     from ..eval.scores import scores_path
 
     scores_file = scores if scores is not None else str(scores_path(path))
+    if html is not None:
+        inputs = [path, scores_file] + ([against, against_scores or str(scores_path(against))]
+                                        if against is not None else [])
+        problem = _html_problem(html, inputs)
+        if problem is not None:
+            print(f"fanout report: --html {printable(html)}: {problem}", file=err)
+            return 2
     evaluating = (scores is not None or by is not None or samples is not None
                   or against is not None or html is not None or os.path.lexists(scores_file))
     kept: list[dict[str, Any]] = []

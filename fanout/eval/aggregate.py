@@ -37,9 +37,9 @@ from ..cli.results import state_of, work_key
 from . import stats
 from .stats import Estimate, McNemar, PairedBootstrap, SignTest
 
-__all__ = ["NO_GROUP", "By", "Comparison", "Distribution", "Evaluation", "Flip", "JudgeCost",
-           "ModelRow", "Paired", "Run", "ScorerRow", "compare_runs", "evaluate",
-           "infer_samples", "prepare", "to_json"]
+__all__ = ["COST_LIMIT", "NO_GROUP", "By", "Comparison", "Distribution", "Evaluation", "Flip",
+           "JudgeCost", "ModelRow", "Paired", "Run", "ScorerRow", "compare_runs",
+           "comparison_json", "evaluate", "infer_samples", "prepare", "to_json"]
 
 By = Literal["category", "tag"]
 Interval = Literal["bootstrap", "analytic"]
@@ -57,6 +57,16 @@ def _number(value: object) -> float | None:
     except OverflowError:
         return None
     return number if math.isfinite(number) and number >= 0 else None
+
+
+#: A record's cost at or above this (USD) is taken as garbage: unknown, not summed (a sum
+#: of such numbers could overflow to infinity, which JSON cannot carry).
+COST_LIMIT: Final = 1e12
+
+
+def _cost(value: object) -> float | None:
+    number = _number(value)
+    return number if number is not None and number < COST_LIMIT else None
 
 
 @attrs.frozen
@@ -97,7 +107,7 @@ def prepare(records: Iterable[Mapping[str, Any]],
         latest.pop(key, None)
         latest[key] = dict(record)
         model = str(record["model"])
-        groups.setdefault(model, []).append((_number(record.get("cost")), _labels(record)))
+        groups.setdefault(model, []).append((_cost(record.get("cost")), _labels(record)))
     current: dict[tuple[str, str], dict[str, Any]] = {}
     stale = orphans = 0
     names: set[str] = set()
@@ -373,7 +383,7 @@ def _judge_cost(run: Run) -> JudgeCost:
         if not isinstance(judge, dict):
             continue
         calls += 1
-        cost = _number(judge.get("cost"))
+        cost = _cost(judge.get("cost"))
         if cost is not None:
             known += 1
             total.append(cost)

@@ -288,3 +288,13 @@ def test_flips_are_listed_by_prompt_then_sample() -> None:
     (row,) = compare_runs(a, b, resamples=100).rows
     assert [(f.id, f.sample) for f in row.pass_to_fail] == [("q2", 0), ("q2", 1), ("q1", 0),
                                                             ("q1", 1)]
+
+
+def test_absurd_costs_are_unknown_and_never_overflow() -> None:
+    records = [answer("q1", "a", "x", cost=1e308), answer("q2", "a", "x", cost=1e308),
+               answer("q3", "a", "x", cost=float("nan")), answer("q4", "a", "x", cost=-1),
+               answer("q5", "a", "x", cost=True), answer("q6", "a", "x", cost=0.5)]
+    evaluation = evaluate(prepare(records, {}), resamples=10)
+    row = evaluation.rows[0]
+    assert (row.cost, row.cost_known, row.cost_unknown) == (0.5, 1, 5)
+    json.dumps(to_json(evaluation), allow_nan=False)  # no Infinity, no NaN

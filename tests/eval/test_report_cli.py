@@ -300,6 +300,33 @@ def test_bad_files_are_one_line_and_exit_2(tmp_path: Path,
         f"fanout report: --html {tmp_path / 'no' / 'such' / 'r.html'}: cannot write: ")
 
 
+def test_html_never_replaces_an_input_or_a_file_that_is_not_a_page(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    results, scores = evaluation_files(tmp_path)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"id": "q1", "prompt": "hi"}\n')
+    link = tmp_path / "link.html"
+    link.symlink_to(results)
+    before = {p: p.read_bytes() for p in (results, scores, prompts)}
+    assert _err([str(results), "--html", str(results)], capsys) == (
+        2, [f"fanout report: --html {results}: is {results}, an input of the report; "
+            "name another file"])
+    assert _err([str(results), "--html", str(link)], capsys)[0] == 2
+    assert _err([str(results), "--html", str(scores)], capsys)[0] == 2
+    assert _err([str(results), "--html", str(prompts)], capsys) == (
+        2, [f"fanout report: --html {prompts}: exists and is not an HTML page (it is left "
+            "as it was); name another file"])
+    assert _err([str(results), "--html", "/dev/null"], capsys) == (
+        2, ["fanout report: --html /dev/null: not a regular file; name a file to write the "
+            "page to"])
+    assert {p: p.read_bytes() for p in before} == before
+    page_file = tmp_path / "r.html"
+    assert main(["report", str(results), "--html", str(page_file)]) == 0
+    assert main(["report", str(results), "--html", str(page_file)]) == 0  # a page: replaced
+    assert page_file.read_text().startswith("<!doctype html>")
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".fanout-report-")] == []
+
+
 def test_a_damaged_scores_line_is_counted_like_results_lines(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     results, scores = evaluation_files(tmp_path)
