@@ -26,7 +26,7 @@ from ._options import (
     table,
 )
 from ._text import find_json, first_difference, json_equal, json_subset
-from ._values import Answer, Score, quote, show_expected
+from ._values import Answer, Score, quote, show_expected, tool_calls
 
 __all__ = ["Finish", "Json", "Python", "ToolCall"]
 
@@ -183,7 +183,7 @@ class ToolCall(ScorerBase):
             choice = answer.choices[index]
         if choice is None:
             return self.passfail(False, f"no choice {index} in the answer")
-        calls = [c for c in choice.get("tool_calls") or () if isinstance(c, Mapping)]
+        calls = tool_calls(choice)
         if not calls:
             return self.passfail(False, f"no tool call in choice {index}"
                                 + (f" (text {quote(str(choice.get('text') or ''), 40)})"
@@ -214,8 +214,9 @@ class ToolCall(ScorerBase):
             why = call.get("parse_error") or "not JSON"
             return f"arguments are not valid JSON ({str(why)[:80]})"
         if call.get("schema_valid") is False:
-            errors = call.get("schema_errors") or ["invalid"]
-            return f"arguments not valid against the tool's schema: {str(errors[0])[:100]}"
+            errors = call.get("schema_errors")
+            first = errors[0] if isinstance(errors, list | tuple) and errors else "invalid"
+            return f"arguments not valid against the tool's schema: {str(first)[:100]}"
         if call.get("schema_valid") is None and self.options["require_schema"]:
             return "no schema known for this tool (require_schema)"
         if wanted is not None and wanted[1] is not None:

@@ -10,7 +10,7 @@ from typing import Any, Final, Literal
 
 import attrs
 
-__all__ = ["NO_EXPECTED", "Answer", "Score", "quote", "show_expected"]
+__all__ = ["NO_EXPECTED", "Answer", "Score", "quote", "show_expected", "tool_calls"]
 
 
 class _Missing(enum.Enum):
@@ -57,6 +57,14 @@ def _text_of(content: Any) -> str:
         return " ".join(str(p.get("text", "")) for p in content
                         if isinstance(p, Mapping) and p.get("type", "text") == "text")
     return ""
+
+
+def tool_calls(choice: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """A record choice's tool calls (the objects of its ``tool_calls`` list, if it has one)."""
+    calls = choice.get("tool_calls")
+    if not isinstance(calls, list | tuple):
+        return []
+    return [call for call in calls if isinstance(call, Mapping)]
 
 
 def _tuple_of_mappings(value: Any) -> tuple[Mapping[str, Any], ...]:

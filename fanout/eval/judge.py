@@ -54,7 +54,7 @@ from ._options import (
     prescore,
 )
 from ._options import string as string_check
-from ._values import Answer, Score, quote
+from ._values import Answer, Score, quote, tool_calls
 
 __all__ = ["BEGIN", "END", "FIELDS", "NO_EXPECTED_LINE", "SYSTEM", "JudgeScorer",
            "default_template", "inert"]
@@ -112,16 +112,15 @@ def _expected_text(expected: Any) -> str:
     """A string as it is; anything else (a list: any one is acceptable) as JSON."""
     if isinstance(expected, str):
         return expected
-    return json.dumps(expected, ensure_ascii=False)
+    return json.dumps(expected, ensure_ascii=False, default=str)
 
 
 def _answer_text(answer: Answer) -> str:
     """Choice 0's text; with no text, its tool calls as ``tool call: name arguments``."""
     if answer.text or not answer.choices:
         return answer.text
-    calls = answer.choices[0].get("tool_calls") or []
-    return "\n".join(f"tool call: {c.get('name')} {c.get('arguments')}" for c in calls
-                     if isinstance(c, Mapping))
+    return "\n".join(f"tool call: {c.get('name')} {c.get('arguments')}"
+                     for c in tool_calls(answer.choices[0]))
 
 
 def _check_template(value: Any) -> str:

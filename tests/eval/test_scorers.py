@@ -892,7 +892,16 @@ JSON = st.recursive(
     max_leaves=8)
 FIELDS = ("id", "model", "sample", "outcome", "reason", "text", "finish_reason", "choices",
           "messages", "expected", "category", "tags")
-RECORDS = st.dictionaries(st.sampled_from(FIELDS), JSON | st.just("completed"), max_size=12)
+CALLS = st.lists(st.dictionaries(st.sampled_from(
+    ("name", "arguments", "parsed", "valid_json", "parse_error", "schema_valid",
+     "schema_errors")), JSON, max_size=7) | JSON, max_size=3)
+CHOICES = st.lists(st.dictionaries(st.sampled_from(("index", "text", "finish_reason",
+                                                    "tool_calls")),
+                                   JSON | CALLS, max_size=4) | JSON, max_size=3)
+RECORDS = st.dictionaries(st.sampled_from(FIELDS), JSON | st.just("completed"),
+                          max_size=12).flatmap(
+    lambda record: st.fixed_dictionaries({"choices": CHOICES}).map(
+        lambda extra: {**record, **extra}))
 
 
 @given(RECORDS, st.one_of(st.none(), RECORDS))
@@ -908,6 +917,28 @@ def test_any_record_makes_an_answer_every_builtin_can_score(record: dict[str, An
     grader = make_scorer("j", "judge", {"model": "m"})
     assert isinstance(grader, JudgeScorer)
     assert [m["role"] for m in grader.messages(a)] == ["system", "user"]
+
+
+@pytest.mark.parametrize("choice", [
+    {"tool_calls": 5, "text": 3}, {"tool_calls": "call"}, {"tool_calls": [1, None, "x"]},
+    {"tool_calls": [{"name": ["x"], "parsed": 5, "valid_json": "yes", "schema_valid": 0,
+                     "schema_errors": 7}]},
+    {"index": "0", "finish_reason": {"a": 1}}, {"tool_calls": None, "text": None},
+    {"tool_calls": [{"name": "get_weather", "valid_json": True, "schema_valid": False,
+                     "schema_errors": 7}]},
+    {"tool_calls": [{"name": "get_weather", "valid_json": False, "parse_error": {"x": 1}}]},
+])
+def test_odd_choices_are_scored_without_raising(choice: dict[str, Any]) -> None:
+    record = {"outcome": "completed", "choices": [choice], "expected": "get_weather"}
+    a = Answer.from_record(record)
+    for kind in SIMPLE_OPTIONS:
+        result = make_scorer(kind, kind, SIMPLE_OPTIONS[kind]).score(a)
+        assert result.status in ("scored", "error")
+    tool = make_scorer("t", "tool_call", {"all_calls": True}).score(a)
+    assert tool.passed is not True
+    grader = make_scorer("j", "judge", {"model": "m"})
+    assert isinstance(grader, JudgeScorer)
+    grader.messages(a)
 
 
 def test_score_values_are_checked() -> None:
