@@ -175,6 +175,13 @@ def test_inert_text_never_holds_a_delimiter(text: str) -> None:
     assert safe.replace(" ", "") == text.replace(" ", "")
 
 
+def test_braces_in_model_text_are_text_not_fields() -> None:
+    user = judge().messages(answer("{answer} {0} {{x}}", expected="{expected}", messages=(
+        {"role": "user", "content": "What is {question}?"},)))[1]["content"]
+    assert sections(user) == {"QUESTION": "What is {question}?",
+                              "ANSWER": "{answer} {0} {{x}}", "EXPECTED": "{expected}"}
+
+
 def test_a_tool_call_answer_is_shown_as_its_calls() -> None:
     choices = ({"index": 0, "text": "", "tool_calls": [
         {"name": "get_weather", "arguments": '{"city": "Paris"}'}]},)
