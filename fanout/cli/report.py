@@ -455,6 +455,7 @@ def report(path: str, *, as_json: bool, stdout: TextIO | None = None,
     if against_scores is not None and against is None:
         print("fanout report: --against-scores needs --against", file=err)
         return 2
+    from ..eval.aggregate import slim
     from ..eval.scores import scores_path
 
     scores_file = scores if scores is not None else str(scores_path(path))
@@ -468,11 +469,16 @@ def report(path: str, *, as_json: bool, stdout: TextIO | None = None,
     evaluating = (scores is not None or by is not None or samples is not None
                   or against is not None or html is not None or os.path.lexists(scores_file))
     kept: list[dict[str, Any]] = []
-    light = not evaluating  # only what cost needs, unless evaluating
 
     def keep(record: dict[str, Any]) -> None:
-        kept.append({name: record[name] for name in _LIGHT if name in record}
-                    if light else record)
+        # a big file stays small: only what cost needs without scores, what the
+        # evaluation reads with them, the whole record only for the page
+        if not evaluating:
+            kept.append({name: record[name] for name in _LIGHT if name in record})
+        elif html is None:
+            kept.append(slim(record))
+        else:
+            kept.append(record)
 
     summary, status = _read_results(path, sayer(path), keep=keep)
     if summary is None:
@@ -492,7 +498,8 @@ def report(path: str, *, as_json: bool, stdout: TextIO | None = None,
     against_file = None
     if against is not None:
         other: list[dict[str, Any]] = []
-        found, status = _read_results(against, sayer(against), keep=other.append)
+        found, status = _read_results(against, sayer(against),
+                                      keep=lambda record: other.append(slim(record)))
         if found is None:
             return 2
         against_file = against_scores if against_scores is not None \

@@ -38,7 +38,8 @@ from . import stats
 from .stats import Estimate, McNemar, PairedBootstrap, SignTest
 
 __all__ = ["COST_LIMIT", "NO_GROUP", "By", "Comparison", "Distribution", "Evaluation", "Flip",
-           "JudgeCost", "ModelRow", "Paired", "Run", "ScorerRow", "compare_runs",
+           "JudgeCost", "ModelRow", "Paired", "Run", "ScorerRow", "Slim",
+           "compare_runs",
            "comparison_json", "evaluate", "infer_samples", "prepare", "to_json"]
 
 By = Literal["category", "tag"]
@@ -80,7 +81,7 @@ class Run:
     (``None``: unknown) and its (category, *tags).
     """
 
-    latest: dict[str, dict[str, Any]]
+    latest: dict[str, dict[str, Any]]  # whole records or ``Slim`` ones, as given
     scores: dict[tuple[str, str], dict[str, Any]]
     scorers: tuple[str, ...]
     stale: int = 0
@@ -94,6 +95,32 @@ def _default_answer_key() -> Callable[[Mapping[str, Any]], str]:
     return answer_key
 
 
+class Slim(dict[str, Any]):
+    """A results record cut to what ``evaluate`` and ``compare_runs`` read, with its
+    ``answer_key`` computed from the whole record (``slim``): a big file stays small in
+    memory.  ``prepare`` takes slim and whole records alike."""
+
+    answer_key: str = ""
+
+
+#: What ``slim`` keeps of a record (``state_of`` needs outcome, cut and flags).
+_SLIM = ("id", "model", "sample", "outcome", "cut", "flags", "category", "tags", "cost")
+_SLIM_METRICS = ("ttft", "tokens_per_second")
+
+
+def slim(record: Mapping[str, Any], *,
+         answer_key: Callable[[Mapping[str, Any]], str] | None = None) -> Slim:
+    """``record`` cut to what the evaluation reads (``Slim``)."""
+    out = Slim({name: record[name] for name in _SLIM if name in record})
+    metrics = record.get("metrics")
+    if isinstance(metrics, dict):
+        out["metrics"] = {name: metrics.get(name) for name in _SLIM_METRICS}
+    if not isinstance(record.get("flags"), list) and "choices" in record:
+        out["choices"] = record["choices"]  # a record from before flags: state_of reads them
+    out.answer_key = (answer_key or _default_answer_key())(record)
+    return out
+
+
 def prepare(records: Iterable[Mapping[str, Any]],
             scores: Mapping[tuple[str, str], Mapping[str, Any]] | None = None, *,
             answer_key: Callable[[Mapping[str, Any]], str] | None = None) -> Run:
@@ -105,7 +132,7 @@ def prepare(records: Iterable[Mapping[str, Any]],
     for record in records:
         key = work_key(record["id"], record["model"], record["sample"])
         latest.pop(key, None)
-        latest[key] = dict(record)
+        latest[key] = record if isinstance(record, Slim) else dict(record)
         model = str(record["model"])
         groups.setdefault(model, []).append((_cost(record.get("cost")), _labels(record)))
     current: dict[tuple[str, str], dict[str, Any]] = {}
@@ -116,7 +143,8 @@ def prepare(records: Iterable[Mapping[str, Any]],
         answer = latest.get(key)
         if answer is None:
             orphans += 1
-        elif score.get("answer_key") != key_of(answer):
+        elif score.get("answer_key") != (answer.answer_key if isinstance(answer, Slim)
+                                          else key_of(answer)):
             stale += 1
         else:
             current[(key, scorer)] = dict(score)

@@ -20,6 +20,7 @@ from fanout.eval.aggregate import (
     evaluate,
     infer_samples,
     prepare,
+    slim,
     to_json,
 )
 from fanout.eval.scores import answer_key
@@ -298,3 +299,20 @@ def test_absurd_costs_are_unknown_and_never_overflow() -> None:
     row = evaluation.rows[0]
     assert (row.cost, row.cost_known, row.cost_unknown) == (0.5, 1, 5)
     json.dumps(to_json(evaluation), allow_nan=False)  # no Infinity, no NaN
+
+
+def test_slim_records_give_the_same_evaluation_and_their_own_answer_keys() -> None:
+    records = [answer("q1", "a", "x", sample=s, category="c", tags=["t"], cost=0.1)
+               for s in range(3)] + [answer("q2", "a", "y", outcome="truncated")]
+    old = answer("q1", "a", "old")
+    records.insert(0, old)  # q1 sample 0 is redone: its score is of the old answer
+    scores = latest([score(old, 1.0)] + [score(r, 1.0) for r in records[2:]])
+    whole = evaluate(prepare(records, scores), resamples=50)
+    slimmed = [slim(r) for r in records]
+    assert all(s.answer_key == answer_key(r) for s, r in zip(slimmed, records, strict=True))
+    assert "text" not in slimmed[0] and "choices" not in slimmed[0]
+    assert to_json(evaluate(prepare(slimmed, scores), resamples=50)) == to_json(whole)
+    assert whole.stale == 1
+    # a record field named like the key is never trusted: only slim() computes it
+    forged = {**records[1], "answer_key": score(old, 1.0)["answer_key"]}
+    assert prepare([forged], latest([score(old, 1.0)])).stale == 1
