@@ -104,7 +104,9 @@ def inert(text: str) -> str:
     return _RUN.sub(lambda m: m.group() + " ", text)
 
 
-def _section(name: str, text: str) -> str:
+def _section(name: str, text: str, max_chars: int | None = None) -> str:
+    if max_chars is not None and len(text) > max_chars:
+        text = f"{text[:max_chars]}\n[... {len(text) - max_chars:,} more characters cut]"
     return f"{BEGIN.format(name)}\n{inert(text)}\n{END.format(name)}"
 
 
@@ -198,7 +200,10 @@ class JudgeScorer(ScorerBase):
     ``template``, ``system``, ``criteria`` (default: agreement with the expected
     answer when there is one, else a correct and relevant answer), ``pattern``,
     ``scale`` (e.g. 10: ``SCORE: 7`` is 0.7), ``threshold`` (default 1.0: with a
-    scale, set it), and for the pipeline only, ``concurrency`` (judge requests at
+    scale, set it), ``max_chars`` (default none: the question, the answer and the
+    expected value are each cut to this many characters, with a line saying how many
+    more there were, so a runaway answer cannot run up the judge's bill), and for the
+    pipeline only, ``concurrency`` (judge requests at
     once) and ``deadlines`` (a table like ``[deadlines]``; ``false`` disables one).
     """
 
@@ -209,6 +214,7 @@ class JudgeScorer(ScorerBase):
                Option("pattern", None, _check_pattern),
                Option("scale", None, number(0, allow_none=True)),
                THRESHOLD,
+               Option("max_chars", None, number(1, integer=True, allow_none=True)),
                Option("concurrency", None, number(1, integer=True, allow_none=True)),
                Option("deadlines", {}, _check_deadlines))
 
@@ -224,6 +230,7 @@ class JudgeScorer(ScorerBase):
         self.criteria: str | None = checked["criteria"]
         self.pattern: re.Pattern[str] | None = checked["pattern"]
         self.scale: float | None = checked["scale"]
+        self.max_chars: int | None = checked["max_chars"]
         self.concurrency: int | None = checked["concurrency"]
         self.deadlines: Mapping[str, float | None] = checked["deadlines"]
         identity = {**checked, "pattern": self.pattern.pattern if self.pattern else None}
@@ -251,10 +258,11 @@ class JudgeScorer(ScorerBase):
     def messages(self, answer: Answer) -> list[dict[str, str]]:
         """The judge request's messages: the system message, then the template filled in."""
         has_expected = answer.has_expected
+        cut = self.max_chars
         values = {
-            "question": _section("QUESTION", answer.question),
-            "answer": _section("ANSWER", _answer_text(answer)),
-            "expected": (_section("EXPECTED", _expected_text(answer.expected))
+            "question": _section("QUESTION", answer.question, cut),
+            "answer": _section("ANSWER", _answer_text(answer), cut),
+            "expected": (_section("EXPECTED", _expected_text(answer.expected), cut)
                          if has_expected else NO_EXPECTED_LINE),
             "criteria": self.criteria or (_CRITERIA_EXPECTED if has_expected
                                           else _CRITERIA_OPEN),

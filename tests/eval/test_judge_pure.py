@@ -175,6 +175,18 @@ def test_inert_text_never_holds_a_delimiter(text: str) -> None:
     assert safe.replace(" ", "") == text.replace(" ", "")
 
 
+def test_max_chars_cuts_each_section_and_says_so() -> None:
+    scorer = judge(max_chars=5)
+    user = scorer.messages(answer("Paris is the capital", expected="Paris, France"))[1][
+        "content"]
+    found = sections(user)
+    assert found["ANSWER"] == "Paris\n[... 15 more characters cut]"
+    assert found["EXPECTED"] == "Paris\n[... 8 more characters cut]"
+    assert found["QUESTION"] == "Capit\n[... 13 more characters cut]"
+    assert scorer.key != judge().key
+    assert sections(judge(max_chars=100).messages(answer())[1]["content"])["ANSWER"] == "Paris"
+
+
 def test_braces_in_model_text_are_text_not_fields() -> None:
     user = judge().messages(answer("{answer} {0} {{x}}", expected="{expected}", messages=(
         {"role": "user", "content": "What is {question}?"},)))[1]["content"]
@@ -227,8 +239,9 @@ def test_a_custom_template_system_and_criteria() -> None:
          "connect, first_byte, first_token, idle, total), not {'idel': 3}"),
         ({"deadlines": {"idle": -1}}, "option 'deadlines': deadline 'idle' must be a number "
          "of seconds > 0 or false, not {'idle': -1}"),
-        ({"grade": 1}, "unknown option 'grade' (known: concurrency, criteria, deadlines, model, "
-         "pattern, scale, system, template, threshold)"),
+        ({"grade": 1}, "unknown option 'grade' (known: concurrency, criteria, deadlines, "
+         "max_chars, model, pattern, scale, system, template, threshold)"),
+        ({"max_chars": 0}, "option 'max_chars': must be an integer >= 1, not 0"),
     ],
 )
 def test_bad_judge_options(options: dict[str, Any], message: str) -> None:
