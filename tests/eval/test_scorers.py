@@ -91,6 +91,17 @@ def test_kinds_and_builtins() -> None:
         assert scorer.key == make_scorer("other name", name, {}).key
 
 
+def test_the_public_faces() -> None:
+    import fanout.eval.judge
+    import fanout.eval.scorers
+
+    assert sorted(fanout.eval.scorers.__all__) == ["BUILTIN", "KINDS", "NO_EXPECTED", "Answer",
+                                                   "Score", "Scorer", "make_scorer"]
+    assert "JudgeScorer" in fanout.eval.judge.__all__
+    for name in fanout.eval.scorers.__all__:
+        assert getattr(fanout.eval.scorers, name) is not None
+
+
 def test_key_is_stable_over_option_order_and_spelt_out_defaults() -> None:
     a = make_scorer("a", "numeric", {"tolerance": 0.5, "extract": "first"})
     b = make_scorer("b", "numeric", {"extract": "first", "tolerance": 0.5})
