@@ -300,7 +300,7 @@ def run_batch(options: BatchOptions, *, stdout: TextIO | None = None,
             if unbounded:
                 return fail(f"--budget: no price for {', '.join(map(repr, unbounded))} (and "
                             "no cost reported for it yet), so what it spends cannot be bounded;"
-                            " give it a price = {{ input = ..., output = ... }} in the config; "
+                            " give it a price = { input = ..., output = ... } in the config; "
                             "nothing was sent")
         if selected:
             target = options.scores or scores_path(options.output)
@@ -635,6 +635,8 @@ class _Session:
         self.scoring = scoring
         self.budget = budget
         self._budget_changed = trio.Event()
+        if scoring is not None:
+            scoring.on_budget = self._budget_moved
         self.config = config
         self.options = options
         self.todo = todo
@@ -717,6 +719,8 @@ class _Session:
         until no queue holds a unit and none is pending (any could bring a redo back)."""
         queue, limit = self.queues[name], self.limits[name]
         while True:
+            if self.budget is not None and self.budget.stopped:
+                return  # what is left in the queues is not sent
             if not queue:
                 if not self._pending and not any(self.queues.values()):
                     return
@@ -767,14 +771,15 @@ class _Session:
                 budget.send(unit.key, bound)
                 return True
             if not budget.running:
-                budget.stopped = True
+                budget.stop(bound)
                 self._budget_changed.set()
                 if self.scoring is not None:
                     self.scoring.wake()
                 self._wake_all()
                 return False
-            self._budget_changed = changed = trio.Event()
-            await changed.wait()
+            if self._budget_changed.is_set():  # one event all waiting submitters share
+                self._budget_changed = trio.Event()
+            await self._budget_changed.wait()
 
     def _wake_all(self) -> None:
         for model in list(self._wake):
@@ -784,9 +789,14 @@ class _Session:
 
     def budget_changed(self) -> None:
         """A stream counted by the budget ended: who waits for room looks again."""
-        self._budget_changed.set()
+        self._budget_moved()
         if self.scoring is not None:
             self.scoring.wake()
+
+    def _budget_moved(self) -> None:
+        self._budget_changed.set()
+        if self.budget is not None and self.budget.stopped:
+            self._wake_all()
 
     def _wake_submitters(self, name: str) -> None:
         # The model's own (a redo, or one less pending); all of them once nothing is

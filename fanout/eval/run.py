@@ -149,19 +149,19 @@ class Scoring:
 
     ``budget``: judge requests are sent only while they fit in it (a judge
     request that does not fit is not sent: its score is left for a rerun);
-    ``on_judged``: called with each judge stream's cost as it ends (the batch
-    counts it toward its budget).
+    ``on_budget``: called when the scoring changed the budget (a judge stream
+    ended, or the budget stopped), so whoever waits for room looks again.
     """
 
     def __init__(self, config: Config, scorers: Sequence[Selected], writer: ScoresFile, *,
                  rescore: bool = False, budget: Budget | None = None,
-                 on_judged: Callable[[], None] | None = None) -> None:
+                 on_budget: Callable[[], None] | None = None) -> None:
         self.config = config
         self.scorers = list(scorers)
         self.writer = writer
         self.rescore = rescore
         self.budget = budget
-        self.on_judged = on_judged
+        self.on_budget = on_budget
         self.tallies = {s.name: Tally() for s in scorers}
         self._queue: deque[_Job] = deque()
         self._jobs: dict[str, _Job] = {}
@@ -314,7 +314,9 @@ class Scoring:
             bound = 0.0
         while not budget.fits(bound):
             if not budget.running or budget.stopped:
-                budget.stopped = True
+                budget.stop(bound)
+                if self.on_budget is not None:
+                    self.on_budget()
                 return False
             self._wake = trio.Event()
             await self._wake.wait()
@@ -348,8 +350,8 @@ class Scoring:
             tally.judge_failed += 1
             score = job.selected.scorer.failed(str(result.outcome), result.reason)
         self._write(job.selected, job.record, job.answer, score, judge)
-        if self.on_judged is not None:
-            self.on_judged()
+        if self.on_budget is not None and self.budget is not None:
+            self.on_budget()
         self.wake()
 
 
