@@ -1,4 +1,5 @@
-"""``fanout``: the command line (``compare``, ``batch``, ``report``, ``serve``, ``mock``).
+"""``fanout``: the command line (``compare``, ``batch``, ``score``, ``report``, ``serve``,
+``mock``).
 
 Only this package imports rich: the library itself never draws anything.
 """
@@ -64,9 +65,11 @@ def _parser() -> argparse.ArgumentParser:
                     "K samples each, writing one JSON line per finished stream to RESULTS. "
                     "Running the same command again skips what completed and redoes the "
                     "rest. Streams the server cut while others ran are redone at once, at "
-                    "lower concurrency. Exit status: 0 when everything completed (an empty "
-                    "answer does not count, unless --accept-empty), 1 otherwise, 2 for bad "
-                    "usage or input, 130 after Ctrl-C.")
+                    "lower concurrency. With --score, each answer is scored as it arrives "
+                    "(RESULTS.scores.jsonl). Exit status: 0 when everything completed (an "
+                    "empty answer does not count, unless --accept-empty), 1 otherwise, 2 for "
+                    "bad usage or input, 3 when --budget stopped it (run again with a new "
+                    "--budget to continue), 130 after Ctrl-C.")
     batch.add_argument("prompts", metavar="PROMPTS.jsonl",
                        help='one JSON object a line: {"id": ..., "prompt": "..."} or '
                             '{"id": ..., "messages": [...]}, optional system, params, tools')
