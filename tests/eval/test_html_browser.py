@@ -66,6 +66,7 @@ PLAN = {
     "p5": (("yes", "completed", True), ("", "completed", False)),  # empty, different
     "p6": ((HOSTILE, "completed", False), (FETCHING, "completed", False)),
 }
+LONG = "yes " + "and more words " * 40 + "THE END"
 BASELINE = {"p1": False, "p2": True}  # writer in B: p1 fail -> pass, p2 pass -> fail
 
 
@@ -83,6 +84,13 @@ def report_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
             flags = ("empty_answer",) if outcome == "completed" and not text else ()
             answer = record(prompt, model, text, outcome=outcome, flags=flags,
                             ttft=0.02 * int(prompt[1]) + (0.1 if model == "thinker" else 0))
+            if (prompt, model) == ("p1", "writer"):
+                answer["choices"][0]["tool_calls"] = [{
+                    "name": "get_weather", "arguments": '{"city":"Paris","<b>":1}',
+                    "parsed": {"city": "Paris", "<b>": 1}, "valid_json": True,
+                    "schema_valid": False}]
+            if (prompt, model) == ("p3", "writer"):
+                answer["text"] = answer["choices"][0]["text"] = LONG
             results.append(answer)
             scores.append(score(answer, passed) if outcome == "completed"
                           else score(answer, None, "unscored"))
@@ -207,6 +215,25 @@ def test_a_detail_shows_the_whole_answer_and_hostile_text_stays_literal(page: An
     assert cell.text_content() == HOSTILE
     assert page.errors == []
     assert page.requests == [page.file_url]  # the markup fetched nothing
+
+
+def test_the_grid_cuts_long_answers_and_the_detail_has_them_whole_with_tool_calls(
+        page: Any) -> None:
+    cell = page.locator('#grid tr[data-id="p3"] .sample[data-model="writer"] .answer')
+    shown = cell.text_content() or ""
+    assert shown == LONG[:220] + "…" and "THE END" not in shown
+    page.click('#grid tr[data-id="p3"] .sample[data-model="writer"]')
+    assert page.locator("#detail .answer-text").text_content() == LONG
+    page.click("#detail .close")
+    page.click('#grid tr[data-id="p1"] .sample[data-model="writer"]')
+    detail = page.locator("#detail")
+    assert detail.locator(".tool-name").text_content() == \
+        "→ get_weather (against the schema: invalid)"
+    assert detail.locator(".tool-args").text_content() == \
+        '{\n  "city": "Paris",\n  "<b>": 1\n}'
+    metrics = detail.locator("dl.facts").nth(1).text_content() or ""
+    assert "TTFT20ms" in metrics.replace(" ", "") and "4 in, 9 out" in metrics
+    assert page.errors == []
 
 
 def test_the_comparison_lists_flips_and_a_flip_finds_its_prompt(page: Any) -> None:
