@@ -131,7 +131,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Summarize a results file of fanout batch, per model: outcomes, TTFT, "
                     "tokens/s, tokens, 429s, cost. The latest record of each stream counts. "
                     "With scores (RESULTS.scores.jsonl beside it, or --scores): each scorer's "
-                    "mean and pass rate with 95%% intervals, pass@k, pass^k and flaky prompts "
+                    "mean and pass rate with 95% intervals, pass@k, pass^k and flaky prompts "
                     "over samples; --against compares two runs key by key. Exit status: 0 "
                     "with a report, 1 when the file holds no record, 2 for a file that cannot "
                     "be read or is not a results (or scores) file, or bad usage.")
