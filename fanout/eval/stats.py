@@ -7,7 +7,8 @@ the mean of its samples.  Two methods:
 
 - ``bootstrap`` (the report's default): ``RESAMPLES`` (10,000) resamples of the
   prompts with replacement, drawn by ``random.Random(seed)`` (``DEFAULT_SEED`` = 13
-  unless told), the mean of each, and the percentile interval (linear interpolation
+  unless told; the values sorted first, so their order does not matter), the mean of
+  each, and the percentile interval (linear interpolation
   between order statistics, numpy's default).  The same data and seed give the same
   interval on every machine.
 - ``analytic``: Wilson's score interval for a pass rate (each prompt's pass rate is
@@ -107,13 +108,17 @@ def _z(confidence: float) -> float:
 
 def bootstrap_means(values: Sequence[float], *, resamples: int = RESAMPLES,
                     seed: int = DEFAULT_SEED) -> list[float]:
-    """The means of ``resamples`` resamples of ``values`` with replacement, sorted."""
+    """The means of ``resamples`` resamples of ``values`` with replacement, sorted: each
+    resample is ``random.Random(seed).choices(sorted(values), k=len(values))``, in
+    turn, so the result depends on the values and the seed, not on their order."""
     if not values:
         raise ValueError("bootstrap of no values")
     if resamples < 1:
         raise ValueError(f"resamples must be >= 1, not {resamples}")
     rng = random.Random(seed)
-    items, n = list(values), len(values)
+    # sorted first: the same values give the same resamples in any order (a resumed or
+    # sharded run writes its records in another order than a run in one go)
+    items, n = sorted(values), len(values)
     if min(items) == max(items):  # every resample is the same
         return [items[0]] * resamples
     return sorted(sum(rng.choices(items, k=n)) / n for _ in range(resamples))
@@ -125,8 +130,8 @@ def bootstrap_mean(groups: Mapping[K, Sequence[float]] | Sequence[float], *,
     """The mean over prompts with its percentile bootstrap interval.
 
     ``groups``: prompt -> its samples' values (each prompt weighs the same, the mean
-    of its samples), or a plain sequence of per-prompt values.  The prompts are
-    resampled in the order given (dicts keep insertion order).
+    of its samples), or a plain sequence of per-prompt values.  The order of the
+    prompts does not matter (``bootstrap_means``).
     """
     return _bootstrap(_values(groups), resamples, seed, confidence)[0]
 

@@ -136,7 +136,7 @@ def test_the_bootstrap_on_a_fixed_seed_gives_these_exact_numbers() -> None:
     values = [0.2, 0.5, 0.9, 1.0, 0.0, 0.3]
     estimate = bootstrap_mean(values, resamples=1000, seed=7)
     assert estimate.value == pytest.approx(2.9 / 6, abs=1e-15)
-    assert (estimate.low, estimate.high) == (0.18333333333333335, 0.7670833333333329)
+    assert (estimate.low, estimate.high) == (0.18333333333333335, 0.7833333333333332)
     assert (estimate.n, estimate.method, estimate.confidence) == (6, "bootstrap", 0.95)
     # the same seed, the same interval; another seed, another one
     assert bootstrap_mean(values, resamples=1000, seed=7) == estimate
@@ -149,13 +149,38 @@ def test_the_bootstrap_on_a_fixed_seed_gives_these_exact_numbers() -> None:
 def test_the_bootstrap_is_the_percentile_interval_of_the_resampled_means() -> None:
     values = [0.0, 1.0, 1.0, 0.5, 0.25, 1.0, 0.0, 0.75]
     means = bootstrap_means(values, resamples=500, seed=11)
-    # rebuilt independently: the same generator, the same draws
+    # rebuilt independently: the same generator, the same draws from the sorted values
     rng = random.Random(11)
-    expected = sorted(sum(rng.choices(values, k=8)) / 8 for _ in range(500))
+    expected = sorted(sum(rng.choices(sorted(values), k=8)) / 8 for _ in range(500))
     assert means == pytest.approx(expected, abs=1e-15)
     estimate = bootstrap_mean(values, resamples=500, seed=11)
     assert estimate.low == percentile(means, 0.025)
     assert estimate.high == percentile(means, 0.975)
+
+
+@given(st.lists(st.floats(0, 1), min_size=1, max_size=30), st.randoms(use_true_random=False))
+def test_the_bootstrap_does_not_depend_on_the_order_of_the_prompts(
+        values: list[float], shuffler: random.Random) -> None:
+    shuffled = list(values)
+    shuffler.shuffle(shuffled)
+    first = bootstrap_mean(values, resamples=200)
+    again = bootstrap_mean(shuffled, resamples=200)
+    assert (again.low, again.high) == (first.low, first.high)
+    assert again.value == pytest.approx(first.value, abs=1e-12)
+    assert min(values) - 1e-12 <= first.low <= first.high <= max(values) + 1e-12
+    paired = paired_bootstrap(values, resamples=200)
+    assert paired_bootstrap(shuffled, resamples=200).p_value == paired.p_value
+    assert 0 < paired.p_value <= 1
+
+
+@given(st.integers(0, 60), st.integers(0, 60))
+def test_mcnemar_is_symmetric_and_a_probability(b: int, c: int) -> None:
+    result, mirrored = mcnemar(b, c), mcnemar(c, b)
+    assert (result.exact_p, result.chi2, result.chi2_p) == (
+        mirrored.exact_p, mirrored.chi2, mirrored.chi2_p)
+    assert 0 < result.exact_p <= 1 and 0 < result.chi2_p <= 1
+    if b == c:
+        assert result.p_value == 1.0
 
 
 def test_the_bootstrap_resamples_prompts_not_samples() -> None:
@@ -272,7 +297,7 @@ def test_the_paired_bootstrap_on_a_fixed_seed() -> None:
     result = paired_bootstrap(differences, resamples=2000, seed=3)
     assert result.difference.value == 0.25
     assert (result.difference.low, result.difference.high) == (-0.2, 0.7)
-    assert result.p_value == 0.3218390804597701
+    assert result.p_value == 0.3098450774612694
     assert (result.resamples, result.seed) == (2000, 3)
     # recomputed from the resampled means: recentred ones at least 0.25 from 0
     means = bootstrap_means([0.5, 0.0, 1.0, -0.5, 0.25], resamples=2000, seed=3)
