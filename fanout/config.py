@@ -73,13 +73,16 @@ import tomllib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, final
+from typing import TYPE_CHECKING, Any, final
 
 import attrs
 
 from ._exceptions import ConfigError
 from .eval.cost import Price
 from .request import Deadlines, Endpoint
+
+if TYPE_CHECKING:
+    from .eval.scorers import Scorer
 
 __all__ = ["EMBEDDED", "Config", "ModelConfig", "ScorerConfig", "ServeConfig", "check_tools",
            "find_config", "load_config", "parse_config", "read_tools"]
@@ -160,7 +163,7 @@ class ScorerConfig:
     name: str
     kind: str
     options: Mapping[str, Any]
-    scorer: Any  # a fanout.eval.scorers.Scorer
+    scorer: Scorer
     concurrency: int = JUDGE_CONCURRENCY
     deadline_overrides: Mapping[str, float | None] = attrs.field(factory=dict)
 

@@ -164,16 +164,22 @@ def _run(options: ScoreOptions, config: Config, selected: list[Selected],
     scoring = Scoring(config, selected, writer, rescore=options.rescore)
     without_prompt: list[str] = []
     unscored: list[str] = []
-    for record in latest.values():
-        prompt = None
-        if prompts is not None:
-            prompt = prompts.get(str(record["id"]))
-            if prompt is None:
-                without_prompt.append(str(record["id"]))
-        scored = as_scored(record)
-        if scored.get("outcome") != "completed":
-            unscored.append(f"{record['id']}/{record['model']}#{record['sample']}")
-        scoring.add(scored, prompt)
+    try:
+        for record in latest.values():
+            prompt = None
+            if prompts is not None:
+                prompt = prompts.get(str(record["id"]))
+                if prompt is None:
+                    without_prompt.append(str(record["id"]))
+            scored = as_scored(record)
+            if scored.get("outcome") != "completed":
+                unscored.append(f"{record['id']}/{record['model']}#{record['sample']}")
+            scoring.add(scored, prompt)
+    except KeyboardInterrupt:
+        # Every score so far is written (one line each); the rest are scored next time.
+        say("interrupted: the scores written so far stay; run the same command again to "
+            "finish")
+        return EXIT_INTERRUPTED
     scoring.close()
     if without_prompt:
         ids = sorted(set(without_prompt))

@@ -39,6 +39,8 @@ from ..fanout import Fanout, open_fanout
 from ..request import Deadlines, Endpoint, RetryPolicy, StreamRequest
 from .budget import Budget
 from .cost import cost_of, usage_record
+from .judge import JudgeScorer
+from .scorers import BUILTIN, Answer, Score, Scorer
 from .scores import ScoresFile, answer_key, score_record
 
 __all__ = ["JUDGE_RETRY", "Scoring", "Selected", "Tally", "UnknownScorer", "select_scorers"]
@@ -57,7 +59,7 @@ class Selected:
     concurrency and its deadlines."""
 
     name: str
-    scorer: Any  # a fanout.eval.scorers.Scorer
+    scorer: Scorer
     judge_model: ModelConfig | None = None
     concurrency: int = JUDGE_CONCURRENCY
     deadlines: Deadlines | None = None
@@ -66,13 +68,18 @@ class Selected:
     def is_judge(self) -> bool:
         return self.judge_model is not None
 
+    @property
+    def judge(self) -> JudgeScorer:
+        """The scorer, as the judge it is (``TypeError`` for any other)."""
+        if not isinstance(self.scorer, JudgeScorer):
+            raise TypeError(f"scorer {self.name!r} is not a judge")
+        return self.scorer
+
 
 def select_scorers(config: Config, names: Sequence[str]) -> list[Selected]:
     """The scorers ``names`` ask for: ``[[scorers]]`` entries first, then the builtins
     (``fanout.eval.scorers.BUILTIN``); ``UnknownScorer`` for a name that is neither,
     ``ValueError`` for a name asked twice."""
-    from .scorers import BUILTIN
-
     chosen: list[Selected] = []
     for name in names:
         if any(s.name == name for s in chosen):
@@ -91,6 +98,8 @@ def select_scorers(config: Config, names: Sequence[str]) -> list[Selected]:
         if entry.kind != "judge":
             chosen.append(Selected(name, entry.scorer))
             continue
+        if not isinstance(entry.scorer, JudgeScorer):  # pragma: no cover (config builds it)
+            raise TypeError(f"scorer {name!r} of kind judge is no JudgeScorer")
         model = config.model(entry.scorer.model)
         deadlines = config.deadlines_for(model)
         if entry.deadline_overrides:
@@ -187,8 +196,6 @@ class Scoring:
     def add(self, record: Mapping[str, Any], prompt: Mapping[str, Any] | None = None) -> None:
         """Score one results record (``prompt``: a prompts-file line whose ``expected``,
         ``category``, ``tags`` and messages override the record's)."""
-        from .scorers import Answer
-
         effective = _effective(record, prompt)
         answer = Answer.from_record(record, prompt)
         akey = answer_key(effective)
@@ -203,7 +210,7 @@ class Scoring:
             if not selected.is_judge:
                 self._write(selected, record, akey, _pure(scorer, answer))
             else:
-                early = scorer.prescore(answer)
+                early = selected.judge.prescore(answer)
                 if early is not None:  # the stream did not complete: nothing to judge
                     self._write(selected, record, akey, early)
                 else:
@@ -221,10 +228,8 @@ class Scoring:
             self._wake.set()
 
     def _queue_judge(self, selected: Selected, record: Mapping[str, Any], akey: str,
-                     answer: Any) -> None:
-        from .scorers import Score
-
-        judge, model = selected.scorer, selected.judge_model
+                     answer: Answer) -> None:
+        judge, model = selected.judge, selected.judge_model
         assert model is not None
         try:
             messages = judge.messages(answer)
@@ -238,7 +243,7 @@ class Scoring:
         self._queue.append(_Job(key, selected, record, akey, request))
         self.wake()
 
-    def _write(self, selected: Selected, record: Mapping[str, Any], akey: str, score: Any,
+    def _write(self, selected: Selected, record: Mapping[str, Any], akey: str, score: Score,
                judge: Mapping[str, Any] | None = None) -> None:
         scorer = selected.scorer
         line = score_record(record, selected.name, scorer.kind, scorer.key, answer=akey,
@@ -345,10 +350,10 @@ class Scoring:
                  "reason": result.reason, "text": result.text, "usage": usage, "cost": cost,
                  "cost_source": source}
         if result.outcome == Outcome.COMPLETED:
-            score = job.selected.scorer.verdict(result.text)
+            score = job.selected.judge.verdict(result.text)
         else:
             tally.judge_failed += 1
-            score = job.selected.scorer.failed(str(result.outcome), result.reason)
+            score = job.selected.judge.failed(str(result.outcome), result.reason)
         self._write(job.selected, job.record, job.answer, score, judge)
         if self.on_budget is not None and self.budget is not None:
             self.on_budget()
@@ -364,11 +369,9 @@ def _effective(record: Mapping[str, Any], prompt: Mapping[str, Any] | None
     return {**record, "expected": prompt["expected"]}
 
 
-def _pure(scorer: Any, answer: Any) -> Any:
+def _pure(scorer: Scorer, answer: Answer) -> Score:
     """A pure scorer's score; an exception from it (a bug, or a python scorer's) is an
     ``error`` score naming it, never a crash of the run."""
-    from .scorers import Score
-
     try:
         return scorer.score(answer)
     except Exception as exc:
