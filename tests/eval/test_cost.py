@@ -109,3 +109,18 @@ def test_cost_is_sans_io() -> None:
     imported |= {(node.module or "").split(".")[0] for node in ast.walk(tree)
                  if isinstance(node, ast.ImportFrom)}
     assert not imported & {"trio", "httpx", "anyio", "asyncio", "socket"}
+
+
+def test_usage_record_keeps_what_the_relay_sent() -> None:
+    from fanout.core.result import Usage
+    from fanout.eval.cost import usage_record
+
+    raw = {"prompt_tokens": 10, "completion_tokens": "5", "total_tokens": 15, "cost": 0.25,
+           "prompt_tokens_details": {"cached_tokens": 4}}
+    record = usage_record(Usage.from_dict(raw))
+    assert record == {"prompt_tokens": 10, "completion_tokens": None, "total_tokens": 15,
+                      "cost": 0.25, "prompt_tokens_details": {"cached_tokens": 4}}
+    assert list(record)[:3] == ["prompt_tokens", "completion_tokens", "total_tokens"]
+    assert cost_of(record, PRICE) == (0.25, "reported")
+    assert cost_of({**record, "cost": None}, PRICE) == (None, None)  # a count is not an int
+    assert usage_record(None) is None

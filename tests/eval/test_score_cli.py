@@ -441,3 +441,20 @@ def test_sigkill_mid_scoring_then_the_rerun_completes(tmp_path: Path, config: st
     judged = Counter(json.loads(line)["id"] for line in target.read_bytes().splitlines()
                      if line.endswith(b"}"))
     assert set(judged.values()) == {1}  # no unit judged twice
+
+
+def test_hostile_answers_stay_data(tmp_path: Path, results: str, config: str) -> None:
+    record = _lines(results)[0]
+    hostile = "\x1b[31mred\x1b[0m \ud800 \u202e <img src=x onerror=alert(1)>"
+    record.update(id="hostile", text=hostile)
+    record["choices"] = [{**record["choices"][0], "text": hostile}]
+    path = tmp_path / "hostile.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    status, out, err = _score(str(path), config, "exact-ci", "judged")
+    assert status == 0, err
+    assert "\x1b" not in out + err and "\u202e" not in out + err
+    data = scores_path(path).read_bytes()
+    data.decode("utf-8")  # valid UTF-8: the lone surrogate is an escape
+    assert b"\x1b" not in data and "\u202e".encode() not in data
+    scores = read_scores(scores_path(path))
+    assert {s["status"] for s in scores.values()} == {"scored"}
