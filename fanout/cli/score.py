@@ -162,6 +162,7 @@ def _run(options: ScoreOptions, config: Config, selected: list[Selected],
         say(f"{writer.path}: cut off a torn last line ({writer.existing.torn_bytes} bytes, "
             "from an interrupted run) before appending")
     scoring = Scoring(config, selected, writer, rescore=options.rescore)
+    scoring.sync_inline = True  # outside trio: no task syncs every second
     without_prompt: list[str] = []
     unscored: list[str] = []
     try:
@@ -191,6 +192,7 @@ def _run(options: ScoreOptions, config: Config, selected: list[Selected],
     if scoring.pending:
         pending = scoring.pending
         say(f"{pending} judge request{'s' if pending != 1 else ''} to send")
+        scoring.sync_inline = False  # the judges' task syncs every second
         try:
             trio.run(_judge, scoring, writer, endpoint)
         except BaseException as exc:

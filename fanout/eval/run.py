@@ -24,6 +24,7 @@ text, usage and cost are kept in the score's ``judge`` object.
 from __future__ import annotations
 
 import difflib
+import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -181,6 +182,10 @@ class Scoring:
         self._serial = 0
         self._fan: Fanout | None = None
         self.interrupted = False
+        #: ``fsync`` the scores file from ``add`` at least once a second (``fanout score``,
+        #: whose pure scorers run outside trio); a batch syncs from its own task instead.
+        self.sync_inline = False
+        self._synced = time.monotonic()
 
     @property
     def has_judge(self) -> bool:
@@ -254,6 +259,9 @@ class Scoring:
         tally.passed += score.passed is True
         if not self.writer.write(line):
             tally.unwritten += 1
+        if self.sync_inline and time.monotonic() - self._synced >= 1.0:
+            self._synced = time.monotonic()
+            self.writer.sync()
 
     # ------------------------------------------------------------------ judges
 
