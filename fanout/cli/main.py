@@ -153,6 +153,11 @@ def _parser() -> argparse.ArgumentParser:
                         help="the baseline's scores (default: B.scores.jsonl)")
     report.add_argument("--html", metavar="OUT.html",
                         help="also write the report as one self-contained HTML file")
+    report.add_argument("--prompts", metavar="PROMPTS.jsonl",
+                        help="take expected, category, tags and messages from this prompts "
+                             "file, by prompt id (as fanout score --prompts scored them)")
+    report.add_argument("--against-prompts", metavar="PROMPTS.jsonl",
+                        help="the same for the baseline")
 
     serve = commands.add_parser(
         "serve", help="the fan-out as an HTTP service, and a comparison page",
@@ -316,7 +321,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return report(args.results, as_json=args.json, scores=args.scores, by=args.by,
                       samples=args.samples, against=args.against,
                       against_scores=args.against_scores, html=args.html,
-                      interval=args.interval)
+                      interval=args.interval, prompts=args.prompts,
+                      against_prompts=args.against_prompts)
     raise AssertionError(f"unhandled command {args.command!r}")  # pragma: no cover
 
 

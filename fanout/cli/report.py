@@ -391,6 +391,31 @@ def _read_scores(path: str, explicit: bool, say: Callable[[str], None]
     return dict(scores)
 
 
+def _over(record: dict[str, Any], overrides: Mapping[str, Mapping[str, Any]] | None
+          ) -> dict[str, Any]:
+    """``record`` with its prompt line's fields over its own (``fanout score``'s rule:
+    the answer_key then hashes the expected value it was scored against)."""
+    line = overrides.get(str(record["id"])) if overrides else None
+    return record if line is None else {**record, **line}
+
+
+def _load_prompts(path: str, err: TextIO) -> dict[str, dict[str, Any]] | None:
+    """prompt id -> what a prompts file's line says over a record (messages, and
+    expected, category, tags when it has them), as ``fanout score --prompts`` reads it;
+    ``None`` (said, every bad line) when the file is unusable."""
+    from .prompts import PromptFileError, load_prompts
+
+    try:
+        return {str(p.id): {"messages": [dict(m) for m in p.messages], **p.eval_fields()}
+                for p in load_prompts(path)}
+    except PromptFileError as exc:
+        for problem in exc.problems:
+            print(f"fanout report: {printable(problem)}", file=err)
+        if exc.total:
+            print(f"fanout report: {printable(str(exc))}", file=err)
+        return None
+
+
 def _html_problem(target: str, inputs: Sequence[str]) -> str | None:
     """Why ``target`` must not be written (replaced) by the page, or ``None``: an input
     of the report, anything but a regular file, a file that is not an HTML page."""
@@ -427,7 +452,8 @@ def report(path: str, *, as_json: bool, stdout: TextIO | None = None,
            stderr: TextIO | None = None, console: Console | None = None,
            scores: str | None = None, by: By | None = None, samples: int | None = None,
            against: str | None = None, against_scores: str | None = None,
-           html: str | None = None, interval: Interval = "bootstrap") -> int:
+           html: str | None = None, interval: Interval = "bootstrap",
+           prompts: str | None = None, against_prompts: str | None = None) -> int:
     """``fanout report RESULTS.jsonl [--json]``: the summary of a results file, and with
     scores (``scores``, else ``fanout.eval.scores.scores_path`` of ``path`` when it
     exists) or any of ``by``, ``samples``, ``against``, ``html`` its evaluation.
@@ -435,7 +461,9 @@ def report(path: str, *, as_json: bool, stdout: TextIO | None = None,
     Without any of them the report is the summary alone (``--json``: model -> its
     numbers), with the cost per model when records carry one.  With them:
     the summary, then each scorer's table, cost, and the comparison with
-    ``against`` (``--json``: ``{"files", "summary", "evaluation"}``).
+    ``against`` (``--json``: ``{"files", "summary", "evaluation"}``).  ``prompts``
+    (and ``against_prompts``): a prompts file whose lines' expected, category, tags
+    and messages stand over the records' (as ``fanout score --prompts`` scored them).
 
     Exit status: 0 with a report (lines that are not records are counted on
     stderr, a line per kind and file); 1 when the results file holds no record
@@ -452,8 +480,16 @@ def report(path: str, *, as_json: bool, stdout: TextIO | None = None,
     if samples is not None and samples < 1:
         print(f"fanout report: --samples {samples}: must be 1 or more", file=err)
         return 2
-    if against_scores is not None and against is None:
-        print("fanout report: --against-scores needs --against", file=err)
+    for flag, given in (("--against-scores", against_scores),
+                        ("--against-prompts", against_prompts)):
+        if given is not None and against is None:
+            print(f"fanout report: {flag} needs --against", file=err)
+            return 2
+    overrides = other_overrides = None
+    if prompts is not None and (overrides := _load_prompts(prompts, err)) is None:
+        return 2
+    if against_prompts is not None and (
+            other_overrides := _load_prompts(against_prompts, err)) is None:
         return 2
     from ..eval.aggregate import slim
     from ..eval.scores import scores_path
@@ -467,12 +503,14 @@ def report(path: str, *, as_json: bool, stdout: TextIO | None = None,
             print(f"fanout report: --html {printable(html)}: {problem}", file=err)
             return 2
     evaluating = (scores is not None or by is not None or samples is not None
-                  or against is not None or html is not None or os.path.lexists(scores_file))
+                  or against is not None or html is not None or prompts is not None
+                  or os.path.lexists(scores_file))
     kept: list[dict[str, Any]] = []
 
     def keep(record: dict[str, Any]) -> None:
         # a big file stays small: only what cost needs without scores, what the
         # evaluation reads with them, the whole record only for the page
+        record = _over(record, overrides)
         if not evaluating:
             kept.append({name: record[name] for name in _LIGHT if name in record})
         elif html is None:
@@ -499,7 +537,8 @@ def report(path: str, *, as_json: bool, stdout: TextIO | None = None,
     if against is not None:
         other: list[dict[str, Any]] = []
         found, status = _read_results(against, sayer(against),
-                                      keep=lambda record: other.append(slim(record)))
+                                      keep=lambda record: other.append(
+                                          slim(_over(record, other_overrides))))
         if found is None:
             return 2
         against_file = against_scores if against_scores is not None \
@@ -523,8 +562,9 @@ def report(path: str, *, as_json: bool, stdout: TextIO | None = None,
     if as_json:
         data = {"files": {"results": path,
                           "scores": scores_file if os.path.lexists(scores_file) else None,
-                          "against": against, "against_scores": against_file,
-                          "html": html},
+                          "prompts": prompts, "against": against,
+                          "against_scores": against_file,
+                          "against_prompts": against_prompts, "html": html},
                 "summary": summary, "evaluation": to_json(evaluation, comparison)}
         out.write(_json_text(data) + "\n")
         return 0

@@ -138,8 +138,9 @@ def test_json_has_everything_under_stable_keys(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert list(data) == ["files", "summary", "evaluation"]
-    assert data["files"] == {"results": str(results), "scores": str(scores), "against": None,
-                             "against_scores": None, "html": None}
+    assert data["files"] == {"results": str(results), "scores": str(scores), "prompts": None,
+                             "against": None, "against_scores": None,
+                             "against_prompts": None, "html": None}
     assert set(data["summary"]) == {"writer", "thinker"} and data["summary"]["writer"]["runs"] == 12
     evaluation = data["evaluation"]
     assert evaluation["samples"] == 2 and evaluation["scorers"] == ["exact"]
@@ -240,6 +241,38 @@ def test_against_lists_flips_and_counts_keys_on_one_side(tmp_path: Path) -> None
     assert compared["mcnemar"]["b"] == 1 and compared["mcnemar"]["c"] == 2
     assert compared["difference"]["value"] == pytest.approx(-0.2)
     assert data["files"]["against_scores"] == str(b_scored)
+
+
+def test_scores_made_with_a_prompts_file_need_it_to_be_current(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # results without expected values, scored (fanout score --prompts) against the
+    # prompts file's: each score's answer_key hashes the expected value it was scored with
+    records = [answer(p, "m", "yes" if p != "q2" else "no") for p in ("q1", "q2", "q3")]
+    for record in records:
+        del record["expected"]
+    lines = {"q1": {"expected": "yes", "category": "easy"},
+             "q2": {"expected": "yes", "category": "hard"}, "q3": {"expected": "yes"}}
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": p, "prompt": f"question {p}", **f}) + "\n"
+                               for p, f in lines.items()))
+    results = write(tmp_path / "r.jsonl", records)
+    write(tmp_path / "r.scores.jsonl", [
+        {**score(r, r["text"] == "yes"),
+         "answer_key": answer_key({**r, "expected": lines[r["id"]]["expected"]})}
+        for r in records])
+    plain = json.loads(run(str(results), "--json").stdout)["evaluation"]
+    assert plain["stale_scores"] == 3  # without the file, none is of these answers
+    done = run(str(results), "--json", "--prompts", str(prompts), "--by", "category")
+    evaluation = json.loads(done.stdout)["evaluation"]
+    assert evaluation["stale_scores"] == 0
+    groups = {m["group"]: m["scorers"]["exact"]["mean"]["value"] for m in evaluation["models"]}
+    assert groups == {"easy": 1.0, "hard": 0.0, "(none)": 1.0}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "q1"}\n')
+    status, err = _err([str(results), "--prompts", str(bad)], capsys)
+    assert status == 2 and err[-1] == f"fanout report: {bad}: 1 bad line"
+    assert _err([str(results), "--against-prompts", str(prompts)], capsys) == (
+        2, ["fanout report: --against-prompts needs --against"])
 
 
 def test_stale_scores_are_said_and_left_out(tmp_path: Path) -> None:
