@@ -260,6 +260,8 @@ def run_batch(options: BatchOptions, *, stdout: TextIO | None = None,
         for line in exc.problems or [str(exc)]:  # one problem a line
             say(line)
         return 2
+    if options.scores is not None and not options.scorers:
+        return fail("--scores names where --score NAME writes; give a --score too")
     try:
         selected = select_scorers(config, options.scorers)
     except (UnknownScorer, ValueError, ConfigError) as exc:
@@ -468,6 +470,10 @@ def _run(options: BatchOptions, config: Config, models: Sequence[ModelConfig],
         not_sent = sum(len(queue) for queue in session.queues.values())
         say(budget.describe(not_sent))
         return EXIT_BUDGET
+    if budget is not None:
+        unknown = f" ({budget.unknown} of unknown cost counted at their bounds)" \
+            if budget.unknown else ""
+        say(f"budget: this run spent ${budget.spent:.6f} of ${budget.limit:.6f}{unknown}")
 
     finals: dict[str, _Final] = {}
     for unit in work:

@@ -156,7 +156,9 @@ def test_the_budget_stops_the_run_and_a_rerun_continues(tmp_path: Path, config: 
     status, _, _, err = _batch(tmp_path, config, "echo", budget=1.0)
     assert status == 0, err
     assert f"{len(records)} already completed, {10 - len(records)} to run" in err
-    assert len(_records(output)) == 10
+    rest = _records(output)[len(records):]
+    assert len(rest) == 10 - len(records)
+    assert f"budget: this run spent ${sum(_unit_cost(r) for r in rest):.6f} of $1.000000" in err
 
 
 def test_a_budget_too_small_for_one_unit_sends_nothing(tmp_path: Path, config: str) -> None:
@@ -203,3 +205,8 @@ def test_without_a_budget_nothing_changes(tmp_path: Path, config: str) -> None:
     assert "budget" not in err
     unpriced = [r for r in _records(output) if r["model"] == "unpriced"]
     assert unpriced and all(r["cost"] is None and r["cost_source"] is None for r in unpriced)
+
+
+def test_scores_without_score_is_refused(tmp_path: Path, config: str) -> None:
+    status, _, _, err = _batch(tmp_path, config, "echo", scores=str(tmp_path / "s.jsonl"))
+    assert status == 2 and "--scores names where --score NAME writes" in err
