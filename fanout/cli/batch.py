@@ -23,9 +23,10 @@ sent reaches stderr and stdout through ``report.printable``.
 fan-out beside the batch's) into the scores file (``RESULTS.scores.jsonl``,
 or ``--scores``).  ``--budget USD`` sends a unit only while this run's cost
 (its finished streams, judges included, plus a bound for those in flight:
-``fanout.eval.budget``) stays within USD; a unit that does not fit once
-nothing else runs stops the sending, the streams in flight end and are
-recorded, and the run exits 3.  The budget is this run's: running again,
+``fanout.eval.budget``) stays within USD; a unit that does not fit waits
+while streams run (they may end below their bounds); once none runs and it
+still does not fit, its model sends no more (the other models go on while
+their units fit), and the run exits 3 at the end.  The budget is this run's: running again,
 with a new ``--budget``, continues where it stopped.
 
 Exit status: 0 when every unit of work is completed (an empty answer is not,
@@ -640,6 +641,7 @@ class _Session:
                  scoring: Scoring | None = None, budget: Budget | None = None) -> None:
         self.scoring = scoring
         self.budget = budget
+        self.over_budget: set[str] = set()  # models whose next unit did not fit
         self._budget_changed = trio.Event()
         if scoring is not None:
             scoring.on_budget = self._budget_moved
@@ -725,10 +727,9 @@ class _Session:
         until no queue holds a unit and none is pending (any could bring a redo back)."""
         queue, limit = self.queues[name], self.limits[name]
         while True:
-            if self.budget is not None and self.budget.stopped:
-                return  # what is left in the queues is not sent
             if not queue:
-                if not self._pending and not any(self.queues.values()):
+                if not self._pending and not any(
+                        q for model, q in self.queues.items() if model not in self.over_budget):
                     return
                 self._wake[name] = wake = trio.Event()
                 await wake.wait()
@@ -741,7 +742,10 @@ class _Session:
                 finally:
                     self._pending -= 1
                 if not fits:
-                    queue.appendleft(unit)  # not sent: counted as such
+                    # Not sent, nor is the rest of this model's queue: counted as such.
+                    # The other models go on while their units fit.
+                    queue.appendleft(unit)
+                    self.over_budget.add(name)
                     self._wake_all()
                     return
             self._pending += 1
@@ -763,13 +767,12 @@ class _Session:
     async def _fits(self, unit: Work) -> bool:
         """Whether the budget lets ``unit`` be sent (reserving its bound): while it does
         not, and streams run that may end below their bounds, wait for them; once none
-        runs, the budget stops the sending (``False``)."""
+        runs and it still does not fit, ``False``: its model sends no more (the other
+        models go on while theirs fit)."""
         budget = self.budget
         assert budget is not None
         request = unit.request(self.config)
         while True:
-            if budget.stopped:
-                return False
             bound = budget.bound(unit.prompt.id, unit.model.name, request.messages,
                                  request.params)
             assert bound is not None  # checked before the run: every model has a bound
@@ -801,8 +804,7 @@ class _Session:
 
     def _budget_moved(self) -> None:
         self._budget_changed.set()
-        if self.budget is not None and self.budget.stopped:
-            self._wake_all()
+        self._wake_all()
 
     def _wake_submitters(self, name: str) -> None:
         # The model's own (a redo, or one less pending); all of them once nothing is

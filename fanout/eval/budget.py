@@ -55,8 +55,8 @@ class Budget:
     prices: Mapping[str, Price | None]
     spent: float = 0.0
     unknown: int = 0  # finished streams whose cost stayed unknown (their bound was added)
-    stopped: bool = False  # a unit did not fit: nothing more is sent
-    needed: float | None = None  # the bound of the stream that did not fit
+    stopped: bool = False  # a stream did not fit with nothing running: it was not sent
+    needed: float | None = None  # the smallest bound that did not fit
     _inflight: dict[str, float] = attrs.Factory(dict)
     _prompt_tokens: dict[tuple[str, str], int] = attrs.Factory(dict)
     _completion_tokens: dict[str, int] = attrs.Factory(dict)
@@ -113,10 +113,10 @@ class Budget:
         return self.spent + self.in_flight + bound <= self.limit
 
     def stop(self, bound: float) -> None:
-        """A stream of this bound does not fit, and nothing runs that could make room."""
+        """A stream of this bound does not fit, and nothing runs that could make room:
+        it is not sent."""
         self.stopped = True
-        if self.needed is None:
-            self.needed = bound
+        self.needed = bound if self.needed is None else min(self.needed, bound)
 
     def send(self, key: str, bound: float) -> None:
         """A stream of this bound is sent."""
@@ -134,8 +134,8 @@ class Budget:
 
     def describe(self, not_sent: int) -> str:
         """The one line a run that stopped says."""
-        needed = f" (the next needs up to ${self.needed:.6f})" if self.needed is not None \
-            else ""
+        needed = f" (the smallest bound that did not fit: ${self.needed:.6f})" \
+            if self.needed is not None else ""
         return (f"budget: stopped sending at ${self.spent:.6f} spent + ${self.in_flight:.6f} "
                 f"bound in flight of ${self.limit:.6f}{needed}; {not_sent} unit"
                 f"{'s' if not_sent != 1 else ''} not sent (a rerun with a new --budget "

@@ -181,6 +181,7 @@ class Scoring:
                         for s in scorers if s.is_judge}
         self._serial = 0
         self._fan: Fanout | None = None
+        self._over_budget = False  # a judge request did not fit: no more judging this run
         self.interrupted = False
         #: ``fsync`` the scores file from ``add`` at least once a second (``fanout score``,
         #: whose pure scorers run outside trio); a batch syncs from its own task instead.
@@ -294,7 +295,7 @@ class Scoring:
     async def _submit_all(self, fan: Fanout) -> None:
         assert self._wake is not None
         while True:
-            if self.interrupted or (self.budget is not None and self.budget.stopped):
+            if self.interrupted or self._over_budget:
                 for job in self._queue:
                     self.tallies[job.selected.name].not_judged += 1
                 self._queue.clear()
@@ -326,8 +327,9 @@ class Scoring:
         if bound is None:  # checked before the run: every judge model has a price
             bound = 0.0
         while not budget.fits(bound):
-            if not budget.running or budget.stopped:
+            if not budget.running:
                 budget.stop(bound)
+                self._over_budget = True
                 if self.on_budget is not None:
                     self.on_budget()
                 return False

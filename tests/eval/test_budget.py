@@ -82,7 +82,8 @@ def _records(path: str) -> list[dict[str, Any]]:
 
 
 _STOPPED = re.compile(r"budget: stopped sending at \$([0-9.]+) spent \+ \$([0-9.]+) bound in "
-                      r"flight of \$([0-9.]+) \(the next needs up to \$([0-9.]+)\); (\d+) units? "
+                      r"flight of \$([0-9.]+) \(the smallest bound that did not fit: \$([0-9.]+)\); (\d+) "
+                      r"units? "
                       r"not sent \(a rerun with a new --budget continues\)")
 
 
@@ -210,3 +211,16 @@ def test_without_a_budget_nothing_changes(tmp_path: Path, config: str) -> None:
 def test_scores_without_score_is_refused(tmp_path: Path, config: str) -> None:
     status, _, _, err = _batch(tmp_path, config, "echo", scores=str(tmp_path / "s.jsonl"))
     assert status == 2 and "--scores names where --score NAME writes" in err
+
+
+def test_a_model_over_budget_stops_alone(tmp_path: Path, config: str) -> None:
+    # "free-ish" costs nothing and is bounded at 0; echo's units are bounded at 1.8e-3:
+    # with 0.004, echo stops after a couple, every free-ish unit still runs.
+    status, output, _, err = _batch(tmp_path, config, "echo", "free-ish", budget=0.004)
+    assert status == 3, err
+    records = _records(output)
+    assert sum(r["model"] == "free-ish" for r in records) == 10
+    echoed = sum(r["model"] == "echo" for r in records)
+    assert 0 < echoed < 10
+    match = _STOPPED.search(err)
+    assert match is not None and int(match.group(5)) == 10 - echoed
