@@ -102,13 +102,18 @@ def test_cost_is_linear_and_monotone(prompt: int, cached: int, completion: int) 
     assert cost <= estimate(PRICE, prompt, completion) + 1e-12
 
 
-def test_cost_is_sans_io() -> None:
-    tree = ast.parse(Path(cost_module.__file__).read_text())
+@pytest.mark.parametrize("module", ["cost", "budget", "scores"])
+def test_cost_budget_and_scores_import_no_network_io(module: str) -> None:
+    path = Path(cost_module.__file__).with_name(f"{module}.py")
+    tree = ast.parse(path.read_text())
     imported = {alias.name.split(".")[0] for node in ast.walk(tree)
                 if isinstance(node, ast.Import) for alias in node.names}
     imported |= {(node.module or "").split(".")[0] for node in ast.walk(tree)
                  if isinstance(node, ast.ImportFrom)}
     assert not imported & {"trio", "httpx", "anyio", "asyncio", "socket"}
+    relative = {node.module for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and node.level}
+    assert not relative & {"run", "fanout", "net"}  # nor the runner or the engine
 
 
 def test_usage_record_keeps_what_the_relay_sent() -> None:
