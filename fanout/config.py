@@ -41,6 +41,19 @@ A config is TOML (read with the stdlib ``tomllib``)::
     params = { temperature = 0.2, max_tokens = 400 }
     deadlines = { first_token = 20 }        # over [deadlines]
     concurrency = 4                         # over [concurrency] per_model
+    price = { input = 0.15, output = 0.60, cached_input = 0.075 }  # USD per 1M tokens
+
+    [[scorers]]                             # ``--score NAME`` (fanout score, batch)
+    name = "exact-ci"                       # unique
+    kind = "exact"                          # one of fanout.eval.scorers.KINDS
+    case = false                            # every other key is the kind's option
+
+    [[scorers]]
+    name = "judged"
+    kind = "judge"
+    model = "fast"                          # a [[models]] name: the judge
+    concurrency = 4                         # judge streams in flight (default 4)
+    deadlines = { total = 60 }              # over the judge model's own
 
 Every key is checked: a typo, a wrong type, a negative deadline or a key
 variable that is not set is a ``ConfigError`` with one line naming the file
@@ -60,15 +73,19 @@ import tomllib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, final
+from typing import TYPE_CHECKING, Any, final
 
 import attrs
 
 from ._exceptions import ConfigError
+from .eval.cost import Price
 from .request import Deadlines, Endpoint
 
-__all__ = ["EMBEDDED", "Config", "ModelConfig", "ServeConfig", "check_tools", "find_config",
-           "load_config", "parse_config", "read_tools"]
+if TYPE_CHECKING:
+    from .eval.scorers import Scorer
+
+__all__ = ["EMBEDDED", "Config", "ModelConfig", "ScorerConfig", "ServeConfig", "check_tools",
+           "find_config", "load_config", "parse_config", "read_tools"]
 
 #: ``base_url = "embedded"``: start the embedded upstream in-process (no key, no network).
 EMBEDDED = "embedded"
@@ -126,6 +143,29 @@ class ModelConfig:
     deadline_overrides: Mapping[str, float | None] = attrs.field(factory=dict, repr=False)
     #: OpenAI tool definitions sent with this model's requests (``None``: none).
     tools: tuple[Mapping[str, Any], ...] | None = None
+    #: USD per million tokens (``None``: no price; a cost is then known only when the
+    #: relay reports one).
+    price: Price | None = None
+
+
+#: A judge's own concurrency when its ``[[scorers]]`` entry sets none.
+JUDGE_CONCURRENCY = 4
+
+
+@final
+@attrs.frozen
+class ScorerConfig:
+    """One ``[[scorers]]`` entry, checked and built: ``scorer`` (what
+    ``fanout.eval.scorers.make_scorer`` made of ``kind`` and ``options``); for a
+    judge, ``concurrency`` (its streams in flight) and ``deadlines`` (over its
+    model's)."""
+
+    name: str
+    kind: str
+    options: Mapping[str, Any]
+    scorer: Scorer
+    concurrency: int = JUDGE_CONCURRENCY
+    deadline_overrides: Mapping[str, float | None] = attrs.field(factory=dict)
 
 
 @final
@@ -174,6 +214,8 @@ class Config:
     #: ``[compare] tools``: sent with every compare request that has none of its own.
     compare_tools: tuple[Mapping[str, Any], ...] | None = None
     serve: ServeConfig = attrs.field(factory=ServeConfig)
+    #: ``[[scorers]]``, in order.
+    scorers: tuple[ScorerConfig, ...] = ()
 
     @property
     def embedded(self) -> bool:
@@ -213,6 +255,10 @@ class Config:
         if not model.deadline_overrides:
             return self.deadlines
         return attrs.evolve(self.deadlines, **model.deadline_overrides)
+
+    def scorer(self, name: str) -> ScorerConfig | None:
+        """The ``[[scorers]]`` entry called ``name``, if any."""
+        return next((s for s in self.scorers if s.name == name), None)
 
     def per_model_caps(self, models: Iterable[ModelConfig]) -> dict[str, int] | int | None:
         """``per_model_concurrency`` for ``open_fanout``: model id -> cap."""
@@ -341,7 +387,7 @@ class _Checker:
         serve = ServeConfig()
         with self.section():
             self.keys(data, "top level", ("endpoint", "deadlines", "concurrency", "parser",
-                                          "compare", "batch", "serve", "models"))
+                                          "compare", "batch", "serve", "models", "scorers"))
         with self.section():
             endpoint = self.table(data, "endpoint")
             self.keys(endpoint, "[endpoint]",
@@ -400,6 +446,18 @@ class _Checker:
             batch_models = self.model_names(batch, "[batch] models", names)
         with self.section():
             serve = self.serve(self.table(data, "serve"))
+        scorers: list[ScorerConfig] = []
+        with self.section():
+            raw_scorers = data.get("scorers", [])
+            if not isinstance(raw_scorers, list):
+                raise self.fail("scorers", "must be an array of tables ([[scorers]])")
+            for number, raw in enumerate(raw_scorers, 1):
+                with self.section():
+                    scorer = self.scorer(raw, number, models)
+                    if any(s.name == scorer.name for s in scorers):
+                        raise self.fail(f"scorers[{number}]",
+                                        f"the name {scorer.name!r} is used twice")
+                    scorers.append(scorer)
         if self.problems:
             raise ConfigError("\n".join(self.problems))
         return Config(
@@ -407,7 +465,7 @@ class _Checker:
             models=tuple(models), compare=tuple(compare_models), deadlines=deadlines,
             max_concurrency=max_concurrency, per_model_concurrency=per_model, strict=strict,
             require_finish_reason=require_finish_reason, batch=tuple(batch_models),
-            compare_tools=compare_tools, serve=serve)
+            compare_tools=compare_tools, serve=serve, scorers=tuple(scorers))
 
     def boolean(self, table: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
         value = table.get(key, default)
@@ -492,8 +550,8 @@ class _Checker:
             return f" (request parameters go under params: params = {{ {key} = ... }})" \
                 if key in _PARAM_NAMES else ""
 
-        self.keys(raw, where, ("name", "id", "params", "deadlines", "concurrency", "tools"),
-                  hint)
+        self.keys(raw, where, ("name", "id", "params", "deadlines", "concurrency", "tools",
+                               "price"), hint)
         name = self.string(raw, "name", where, required=True)
         model_id = self.string(raw, "id", where, required=True)
         assert name is not None and model_id is not None
@@ -513,7 +571,71 @@ class _Checker:
                            deadlines=Deadlines(**overrides) if overrides else None,
                            concurrency=self.count(raw, "concurrency", where),
                            deadline_overrides=overrides,
-                           tools=self.tools(raw.get("tools"), f"{where} tools"))
+                           tools=self.tools(raw.get("tools"), f"{where} tools"),
+                           price=self.price(raw.get("price"), f"{where} price"))
+
+    def price(self, value: Any, where: str) -> Price | None:
+        """``price = { input = 2.50, output = 10.00, cached_input = 1.25 }``: USD per
+        million tokens, numbers >= 0; input and output required."""
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise self.fail(where, "must be a table like { input = 2.50, output = 10.00 } "
+                            f"(USD per million tokens), not {_kind(value)}")
+        known = ("input", "output", "cached_input")
+        unknown = [key for key in value if key not in known]
+        if unknown:
+            hint = _did_you_mean(unknown[0], known) if len(unknown) == 1 else ""
+            raise self.fail(where, f"unknown key{'s' if len(unknown) > 1 else ''} "
+                            f"{', '.join(map(repr, unknown))}{hint} (known: {', '.join(known)})")
+        missing = [key for key in ("input", "output") if key not in value]
+        if missing:
+            raise self.fail(where, f"{' and '.join(missing)} missing (USD per million tokens)")
+        for key, rate in value.items():
+            if isinstance(rate, bool) or not isinstance(rate, int | float) or \
+                    not math.isfinite(rate) or rate < 0:
+                raise self.fail(f"{where} {key}", "must be a number >= 0 (USD per million "
+                                f"tokens), not {_kind(rate)}")
+        return Price(float(value["input"]), float(value["output"]),
+                     None if value.get("cached_input") is None
+                     else float(value["cached_input"]))
+
+    def scorer(self, raw: Any, number: int, models: list[ModelConfig]) -> ScorerConfig:
+        """One ``[[scorers]]`` table: ``name``, ``kind``, and the kind's options as the
+        other keys; built now, so a bad option is a config problem."""
+        from .eval.scorers import KINDS, make_scorer  # only configs with scorers
+
+        where = f"scorers[{number}]"
+        if not isinstance(raw, dict):
+            raise self.fail(where, f"must be a table, not {_kind(raw)}")
+        name = self.string(raw, "name", where, required=True)
+        assert name is not None
+        where = f"scorers[{number}] (name {name!r})"
+        kind = self.string(raw, "kind", where, required=True)
+        assert kind is not None
+        if kind not in KINDS:
+            raise self.fail(f"{where} kind", f"{_kind(kind)} is not a kind of scorer"
+                            f"{_did_you_mean(kind, KINDS)} (kinds: {', '.join(KINDS)})")
+        options = {key: value for key, value in raw.items() if key not in ("name", "kind")}
+        if kind == "judge":
+            judge = options.get("model")
+            names = [m.name for m in models]
+            if isinstance(judge, str) and judge not in names \
+                    and not any(m.id == judge for m in models):
+                raise self.fail(f"{where} model", f"no model named {judge!r}"
+                                f"{_did_you_mean(judge, names)} (known: "
+                                f"{', '.join(names) or 'none'}): the judge is a [[models]] entry")
+        base = Path(self.source).parent if self.source not in ("<config>",) else None
+        try:
+            scorer = make_scorer(name, kind, options, base_dir=base)
+        except ValueError as exc:
+            raise self.fail(where, str(exc)) from None
+        if kind != "judge":
+            return ScorerConfig(name=name, kind=kind, options=options, scorer=scorer)
+        return ScorerConfig(name=name, kind=kind, options=options, scorer=scorer,
+                            concurrency=getattr(scorer, "concurrency", None)
+                            or JUDGE_CONCURRENCY,
+                            deadline_overrides=dict(getattr(scorer, "deadlines", None) or {}))
 
     def string(self, table: Mapping[str, Any], key: str, where: str, *,
                required: bool = False) -> str | None:

@@ -18,16 +18,28 @@ write that fails mid-run (a full disk) stops new submissions; the streams in
 flight run on and are tried, the summary is printed.  Everything a server
 sent reaches stderr and stdout through ``report.printable``.
 
+``--score NAME`` (repeatable) scores each unit as its record is written
+(``fanout.eval.run.Scoring``: pure scorers at once, a judge through its own
+fan-out beside the batch's) into the scores file (``RESULTS.scores.jsonl``,
+or ``--scores``).  ``--budget USD`` sends a unit only while this run's cost
+(its finished streams, judges included, plus a bound for those in flight:
+``fanout.eval.budget``) stays within USD; a unit that does not fit waits
+while streams run (they may end below their bounds); once none runs and it
+still does not fit, its model sends no more (the other models go on while
+their units fit), and the run exits 3 at the end.  The budget is this run's: running again,
+with a new ``--budget``, continues where it stopped.
+
 Exit status: 0 when every unit of work is completed (an empty answer is not,
 unless ``--accept-empty``), 1 when some are not or a write failed (stderr
-says whether running again can help), 2 for bad usage or input, 130 after
-Ctrl-C.
+says whether running again can help), 2 for bad usage or input, 3 when the
+budget stopped the run, 130 after Ctrl-C.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import sys
 import time
@@ -56,6 +68,10 @@ from .._exceptions import ConfigError
 from ..config import Config, ModelConfig, load_config
 from ..core.events import StreamFinished, StreamRetrying
 from ..core.result import Flag, Outcome, StreamResult
+from ..eval.budget import Budget
+from ..eval.cost import cost_of, usage_record
+from ..eval.run import Scoring, Selected, UnknownScorer, select_scorers
+from ..eval.scores import ScoresFile, scores_path
 from ..fanout import Fanout, open_fanout
 from ..request import Endpoint, RetryPolicy, StreamRequest, content_key
 from .common import interrupt_on_sigint, open_endpoint, text_console
@@ -77,6 +93,8 @@ from .results import (
 __all__ = ["BatchOptions", "Work", "batch_record", "plan_work", "run_batch", "unsendable"]
 
 EXIT_INTERRUPTED = 130
+#: The budget stopped the run (``--budget``): distinct from failures' 1.
+EXIT_BUDGET = 3
 DEFAULT_CONCURRENCY = 32
 #: A batch has time: more attempts than the library's default, so a burst of 429s
 #: (before the adaptive cap has come down) costs waiting, not failed work; and a
@@ -101,6 +119,9 @@ class BatchOptions:
     shard: tuple[int, int] | None = None
     config: str | None = None
     accept_empty: bool = False  # an empty answer counts as done (as before flags existed)
+    scorers: tuple[str, ...] = ()  # --score NAME: scored as each unit is written
+    scores: str | None = None  # the scores file (default: beside the results)
+    budget: float | None = None  # USD this run may spend
 
 
 @attrs.frozen
@@ -151,8 +172,18 @@ def batch_record(work: Work, result: StreamResult, *, cut: bool = False,
     ``cut``: the server cut this stream while others ran, and it is redone
     (a later record of the same key follows); ``redo``: how many times this
     unit had been cut and redone in this run before this record.
+
+    For evaluation it carries the prompt's ``messages`` as sent, its
+    ``expected`` (absent when the prompt has none), ``category`` and ``tags``
+    (absent when unset), and the stream's ``cost`` (USD, ``None`` when unknown)
+    with its ``cost_source`` (``fanout.eval.cost.cost_of``: ``"reported"``,
+    ``"price"`` or ``None``).  ``usage`` keeps every field the relay sent
+    (``cost``, ``prompt_tokens_details``, ...) after the three counts.  None of
+    these is in ``content_key``: an older results file resumes as before.
     """
     base = result_record(result)
+    usage = usage_record(result.usage)
+    cost, cost_source = cost_of(usage, work.model.price)
     attempts = result.attempts
     rate_limited = sum(1 for a in attempts if a.status == 429)
     retry_wait = sum(a.waited for i, a in enumerate(attempts)
@@ -174,7 +205,9 @@ def batch_record(work: Work, result: StreamResult, *, cut: bool = False,
         "text": base["text"],
         "finish_reason": first.finish_reason if first else None,
         "choices": base["choices"],
-        "usage": base["usage"],
+        "usage": usage,
+        "cost": cost,
+        "cost_source": cost_source,
         "error": base["error"],
         "timed_out": base["timed_out"],
         "status": base["status"],
@@ -185,6 +218,8 @@ def batch_record(work: Work, result: StreamResult, *, cut: bool = False,
         "response_model": base["model"],
         "response_id": base["response_id"],
         "metrics": base["metrics"],
+        "messages": [dict(message) for message in work.prompt.messages],
+        **work.prompt.eval_fields(),
     }
 
 
@@ -211,6 +246,9 @@ def run_batch(options: BatchOptions, *, stdout: TextIO | None = None,
 
     if options.samples < 1:
         return fail(f"--samples must be >= 1, not {options.samples}")
+    if options.budget is not None and not (math.isfinite(options.budget)
+                                           and options.budget > 0):
+        return fail(f"--budget must be a number of USD > 0, not {options.budget}")
     for flag, value in (("--concurrency", options.concurrency),
                         ("--per-model-concurrency", options.per_model_concurrency)):
         if value is not None and value < 1:
@@ -223,6 +261,12 @@ def run_batch(options: BatchOptions, *, stdout: TextIO | None = None,
         for line in exc.problems or [str(exc)]:  # one problem a line
             say(line)
         return 2
+    if options.scores is not None and not options.scorers:
+        return fail("--scores names where --score NAME writes; give a --score too")
+    try:
+        selected = select_scorers(config, options.scorers)
+    except (UnknownScorer, ValueError, ConfigError) as exc:
+        return fail(f"{exc}; nothing was sent")
     for model in models:  # TOML has nan and inf; JSON does not
         if not _encodes(dict(model.params)):
             return fail(f"model {model.name!r}: its params cannot be sent "
@@ -248,11 +292,50 @@ def run_batch(options: BatchOptions, *, stdout: TextIO | None = None,
                                                           source))
     except ResultsFileError as exc:
         return fail(f"-o {exc}; nothing was sent")
+    scores: ScoresFile | None = None
     try:
+        budget = None
+        if options.budget is not None:
+            budget = _budget(options, models, selected, writer)
+            unbounded = budget.unbounded(dict.fromkeys(
+                [m.name for m in models]
+                + [s.judge_model.name for s in selected if s.judge_model is not None]))
+            if unbounded:
+                return fail(f"--budget: no price for {', '.join(map(repr, unbounded))} (and "
+                            "no cost reported for it yet), so what it spends cannot be bounded;"
+                            " give it a price = { input = ..., output = ... } in the config; "
+                            "nothing was sent")
+        if selected:
+            target = options.scores or scores_path(options.output)
+            try:
+                scores = ScoresFile(target, not_same_as=(f"the results file {options.output}",
+                                                         os.stat(options.output)))
+            except (ResultsFileError, OSError) as exc:
+                return fail(f"--scores {exc}; nothing was sent")
         return _run(options, config, models, endpoint, prompts, writer, out, err, say,
-                    console, progress_console)
+                    console, progress_console, selected, scores, budget)
     finally:
         writer.close()
+        if scores is not None:
+            scores.close()
+
+
+def _budget(options: BatchOptions, models: Sequence[ModelConfig], selected: list[Selected],
+            writer: ResultsFile) -> Budget:
+    """The run's budget, taught the token counts and reported costs of the file's records."""
+    assert options.budget is not None
+    prices = {m.name: m.price for m in models}
+    for item in selected:
+        if item.judge_model is not None:
+            prices[item.judge_model.name] = item.judge_model.price
+    budget = Budget(options.budget, prices)
+    try:
+        with open(options.output, "rb") as file:
+            for record in RecordReader(file):
+                budget.observe(record["id"], record["model"], record)
+    except OSError:
+        pass  # read a moment ago; without it the bounds are only less tight
+    return budget
 
 
 def unsendable(prompts: Sequence[Prompt], models: Sequence[ModelConfig],
@@ -298,7 +381,8 @@ def _why_not(value: Any) -> str:
 def _run(options: BatchOptions, config: Config, models: Sequence[ModelConfig],
          endpoint: Endpoint | None, prompts: Sequence[Prompt], writer: ResultsFile,
          out: TextIO, err: TextIO, say: Callable[[str], None], console: Console | None,
-         progress_console: Console | None) -> int:
+         progress_console: Console | None, selected: Sequence[Selected] = (),
+         scores: ScoresFile | None = None, budget: Budget | None = None) -> int:
     existing = writer.existing
     work = plan_work(prompts, models, options.samples, config, options.shard)
     todo, done, changed = [], 0, 0
@@ -318,11 +402,18 @@ def _run(options: BatchOptions, config: Config, models: Sequence[ModelConfig],
         f"models x {options.samples} samples; {done} already completed, {len(todo)} to run"
         + (f" ({changed} changed since completed)" if changed else ""))
 
+    scoring = None
+    if scores is not None:
+        if scores.existing.torn_bytes:
+            say(f"--scores {scores.path}: cut off a torn last line "
+                f"({scores.existing.torn_bytes} bytes, from an interrupted run)")
+        scoring = Scoring(config, selected, scores, budget=budget)
+        _score_done(scoring, options.output, {u.key for u in work} - {u.key for u in todo})
     session = _Session(config, options, todo, writer, progress_console
-                       or text_console(err))
+                       or text_console(err), scoring=scoring, budget=budget)
     started = time.monotonic()
     try:
-        if todo:
+        if todo or (scoring is not None and scoring.pending):
             trio.run(session.run, endpoint)
     except BaseException as exc:
         if not _only(exc, KeyboardInterrupt):
@@ -364,10 +455,26 @@ def _run(options: BatchOptions, config: Config, models: Sequence[ModelConfig],
             console.print(summary_view(model_summary(RecordReader(file)), console))
     except OSError as exc:
         say(f"-o {options.output}: cannot read it back for the summary: {exc.strerror or exc}")
+    if scoring is not None and scores is not None:
+        scores.close()
+        for item in selected:
+            print(printable(scoring.tallies[item.name].line(item.name)), file=out)
+        print(f"scores: {printable(str(scores.path))}", file=out)
+        if scores.error is not None:
+            say(f"--scores {scores.path}: cannot write: {scores.error.strerror or scores.error}"
+                "; `fanout score` on the results file scores what is missing")
     if session.interrupted:
         say("interrupted: the streams in flight were recorded as cancelled; "
             "run the same command again to finish")
         return EXIT_INTERRUPTED
+    if budget is not None and budget.stopped:
+        not_sent = sum(len(queue) for queue in session.queues.values())
+        say(budget.describe(not_sent))
+        return EXIT_BUDGET
+    if budget is not None:
+        unknown = f" ({budget.unknown} of unknown cost counted at their bounds)" \
+            if budget.unknown else ""
+        say(f"budget: this run spent ${budget.spent:.6f} of ${budget.limit:.6f}{unknown}")
 
     finals: dict[str, _Final] = {}
     for unit in work:
@@ -387,6 +494,22 @@ def _run(options: BatchOptions, config: Config, models: Sequence[ModelConfig],
             say(line)
         return 1
     return 0
+
+
+def _score_done(scoring: Scoring, output: str, keys: set[str]) -> None:
+    """Score the units an earlier run completed (those of ``keys``): what is current
+    in the scores file is skipped, so only answers not scored yet by these scorers."""
+    from .score import as_scored, latest_records
+
+    if not keys:
+        return
+    try:
+        latest, _ = latest_records(output)
+    except OSError:
+        return  # read a moment ago; `fanout score` can do it later
+    for key, record in latest.items():
+        if key in keys:
+            scoring.add(as_scored(record))
 
 
 @attrs.frozen
@@ -514,7 +637,14 @@ class _Bar(Progress):
 
 class _Session:
     def __init__(self, config: Config, options: BatchOptions, todo: list[Work],
-                 writer: ResultsFile, progress_console: Console) -> None:
+                 writer: ResultsFile, progress_console: Console, *,
+                 scoring: Scoring | None = None, budget: Budget | None = None) -> None:
+        self.scoring = scoring
+        self.budget = budget
+        self.over_budget: set[str] = set()  # models whose next unit did not fit
+        self._budget_changed = trio.Event()
+        if scoring is not None:
+            scoring.on_budget = self._budget_moved
         self.config = config
         self.options = options
         self.todo = todo
@@ -569,9 +699,21 @@ class _Session:
             nursery.start_soon(self._fsync_every_second)
             nursery.start_soon(self._progress)
             nursery.start_soon(self._submit_all, fan, self._submitting)
+            judged = trio.Event()
+            if self.scoring is not None:
+                nursery.start_soon(self._judge, self.scoring, resolved, judged)
             await self._consume(fan)
             self._update_bar()  # the last frame shows the end, not the frame before it
+            if self.scoring is not None:
+                self.scoring.close()
+                await judged.wait()
             nursery.cancel_scope.cancel()
+
+    async def _judge(self, scoring: Scoring, endpoint: Endpoint, judged: trio.Event) -> None:
+        try:
+            await scoring.run(endpoint)
+        finally:
+            judged.set()
 
     async def _submit_all(self, fan: Fanout, scope: trio.CancelScope) -> None:
         with scope:
@@ -586,12 +728,26 @@ class _Session:
         queue, limit = self.queues[name], self.limits[name]
         while True:
             if not queue:
-                if not self._pending and not any(self.queues.values()):
+                if not self._pending and not any(
+                        q for model, q in self.queues.items() if model not in self.over_budget):
                     return
                 self._wake[name] = wake = trio.Event()
                 await wake.wait()
                 continue
             unit = queue.popleft()
+            if self.budget is not None:
+                self._pending += 1  # it may come back: the other submitters wait for it
+                try:
+                    fits = await self._fits(unit)
+                finally:
+                    self._pending -= 1
+                if not fits:
+                    # Not sent, nor is the rest of this model's queue: counted as such.
+                    # The other models go on while their units fit.
+                    queue.appendleft(unit)
+                    self.over_budget.add(name)
+                    self._wake_all()
+                    return
             self._pending += 1
             try:
                 await limit.wait_if_paused()
@@ -607,6 +763,48 @@ class _Session:
                 raise
             self._submitted[unit.key] = trio.current_time()
             await fan.submit(unit.request(self.config))
+
+    async def _fits(self, unit: Work) -> bool:
+        """Whether the budget lets ``unit`` be sent (reserving its bound): while it does
+        not, and streams run that may end below their bounds, wait for them; once none
+        runs and it still does not fit, ``False``: its model sends no more (the other
+        models go on while theirs fit)."""
+        budget = self.budget
+        assert budget is not None
+        request = unit.request(self.config)
+        while True:
+            bound = budget.bound(unit.prompt.id, unit.model.name, request.messages,
+                                 request.params)
+            assert bound is not None  # checked before the run: every model has a bound
+            if budget.fits(bound):
+                budget.send(unit.key, bound)
+                return True
+            if not budget.running:
+                budget.stop(bound)
+                self._budget_changed.set()
+                if self.scoring is not None:
+                    self.scoring.wake()
+                self._wake_all()
+                return False
+            if self._budget_changed.is_set():  # one event all waiting submitters share
+                self._budget_changed = trio.Event()
+            await self._budget_changed.wait()
+
+    def _wake_all(self) -> None:
+        for model in list(self._wake):
+            wake = self._wake.pop(model, None)
+            if wake is not None:
+                wake.set()
+
+    def budget_changed(self) -> None:
+        """A stream counted by the budget ended: who waits for room looks again."""
+        self._budget_moved()
+        if self.scoring is not None:
+            self.scoring.wake()
+
+    def _budget_moved(self) -> None:
+        self._budget_changed.set()
+        self._wake_all()
 
     def _wake_submitters(self, name: str) -> None:
         # The model's own (a redo, or one less pending); all of them once nothing is
@@ -642,6 +840,12 @@ class _Session:
         record = batch_record(unit, result, cut=again, redo=redo)
         if not self.writer.write(record):
             self._stop_sending()
+        if self.budget is not None:
+            self.budget.observe(unit.prompt.id, name, record)
+            self.budget.finished(unit.key, record["cost"])
+            self.budget_changed()
+        if self.scoring is not None and not again:
+            self.scoring.add(record)
         sent = self._submitted.pop(unit.key)
         if again:
             self._cut(unit, sent, result.others_running + 1)
@@ -761,6 +965,8 @@ class _Session:
         self.interrupted = True
         self._submitting.cancel()
         fan.cancel_all()
+        if self.scoring is not None:
+            self.scoring.stop()
 
     def _stop_sending(self) -> None:
         # The results file cannot be written (a full disk): what is sent from now on
@@ -772,6 +978,8 @@ class _Session:
         while True:
             await trio.sleep(1)
             await trio.to_thread.run_sync(self.writer.sync)
+            if self.scoring is not None:
+                await trio.to_thread.run_sync(self.scoring.writer.sync)
             if self.writer.error is not None and not self.stopped:
                 self._stop_sending()
 

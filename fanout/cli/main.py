@@ -1,4 +1,5 @@
-"""``fanout``: the command line (``compare``, ``batch``, ``report``, ``serve``, ``mock``).
+"""``fanout``: the command line (``compare``, ``batch``, ``score``, ``report``, ``serve``,
+``mock``).
 
 Only this package imports rich: the library itself never draws anything.
 """
@@ -64,9 +65,11 @@ def _parser() -> argparse.ArgumentParser:
                     "K samples each, writing one JSON line per finished stream to RESULTS. "
                     "Running the same command again skips what completed and redoes the "
                     "rest. Streams the server cut while others ran are redone at once, at "
-                    "lower concurrency. Exit status: 0 when everything completed (an empty "
-                    "answer does not count, unless --accept-empty), 1 otherwise, 2 for bad "
-                    "usage or input, 130 after Ctrl-C.")
+                    "lower concurrency. With --score, each answer is scored as it arrives "
+                    "(RESULTS.scores.jsonl). Exit status: 0 when everything completed (an "
+                    "empty answer does not count, unless --accept-empty), 1 otherwise, 2 for "
+                    "bad usage or input, 3 when --budget stopped it (run again with a new "
+                    "--budget to continue), 130 after Ctrl-C.")
     batch.add_argument("prompts", metavar="PROMPTS.jsonl",
                        help='one JSON object a line: {"id": ..., "prompt": "..."} or '
                             '{"id": ..., "messages": [...]}, optional system, params, tools')
@@ -90,12 +93,71 @@ def _parser() -> argparse.ArgumentParser:
                             "default it is counted apart as empty, and redone on resume)")
     batch.add_argument("--config", metavar="FILE", help="config file (as for compare)")
 
+    batch.add_argument("--score", dest="scorers", action="append", default=[], metavar="NAME",
+                       help="score each answer as it arrives with this scorer (repeat): a "
+                            "[[scorers]] name of the config, or a builtin (exact, includes, "
+                            "numeric, choice, json, finish, tool_call)")
+    batch.add_argument("--scores", metavar="FILE",
+                       help="the scores file (default: RESULTS.scores.jsonl beside -o)")
+    batch.add_argument("--budget", type=float, metavar="USD",
+                       help="stop sending when this run's cost (finished streams, judges "
+                            "included, plus a bound for those in flight) would pass USD; "
+                            "exit 3 then (every model needs a price)")
+
+    score = commands.add_parser(
+        "score", help="(re)score a results file into its scores file",
+        description="Score the latest answer of every stream of RESULTS.jsonl with each "
+                    "--score scorer, into RESULTS.scores.jsonl (or --scores). Sends no model "
+                    "request except a judge's. Scores already current (same answer, same "
+                    "scorer) are kept, so running it again scores only what is new; "
+                    "--rescore scores everything again. Exit status: 0 when every score was "
+                    "written and every judge answered, 1 otherwise (running again finishes), "
+                    "2 for bad usage or input, 130 after a second Ctrl-C.")
+    score.add_argument("results", metavar="RESULTS.jsonl")
+    score.add_argument("--score", dest="scorers", action="append", default=[], metavar="NAME",
+                       required=True, help="a [[scorers]] name of the config or a builtin "
+                       "(repeat)")
+    score.add_argument("--scores", metavar="FILE",
+                       help="the scores file (default: RESULTS.scores.jsonl)")
+    score.add_argument("--prompts", metavar="PROMPTS.jsonl",
+                       help="take expected, category, tags and messages from this prompts "
+                            "file, by prompt id (over the results records')")
+    score.add_argument("--config", metavar="FILE", help="config file (as for compare)")
+    score.add_argument("--rescore", action="store_true",
+                       help="score again what is already current")
+
     report = commands.add_parser(
-        "report", help="per-model summary of a results file",
+        "report", help="per-model summary of a results file, and its evaluation",
         description="Summarize a results file of fanout batch, per model: outcomes, TTFT, "
-                    "tokens/s, tokens, 429s. The latest record of each stream counts.")
+                    "tokens/s, tokens, 429s, cost. The latest record of each stream counts. "
+                    "With scores (RESULTS.scores.jsonl beside it, or --scores): each scorer's "
+                    "mean and pass rate with 95% intervals, pass@k, pass^k and flaky prompts "
+                    "over samples; --against compares two runs key by key. Exit status: 0 "
+                    "with a report, 1 when the file holds no record, 2 for a file that cannot "
+                    "be read or is not a results (or scores) file, or bad usage.")
     report.add_argument("results", metavar="RESULTS.jsonl")
-    report.add_argument("--json", action="store_true", help="JSON instead of a table")
+    report.add_argument("--json", action="store_true", help="JSON instead of tables")
+    report.add_argument("--scores", metavar="FILE",
+                        help="the scores file (default: RESULTS.scores.jsonl, when it exists)")
+    report.add_argument("--by", choices=("category", "tag"),
+                        help="scores per model and prompt category (or tag)")
+    report.add_argument("--samples", type=int, metavar="K",
+                        help="the k of pass@k and pass^k (default: the most samples a prompt "
+                             "has)")
+    report.add_argument("--interval", choices=("bootstrap", "analytic"), default="bootstrap",
+                        help="95%% intervals: bootstrap over prompts (default; 10,000 "
+                             "resamples, seed 13), or analytic (Wilson, normal)")
+    report.add_argument("--against", metavar="B.jsonl",
+                        help="compare with another run's results (the baseline), key by key")
+    report.add_argument("--against-scores", metavar="FILE",
+                        help="the baseline's scores (default: B.scores.jsonl)")
+    report.add_argument("--html", metavar="OUT.html",
+                        help="also write the report as one self-contained HTML file")
+    report.add_argument("--prompts", metavar="PROMPTS.jsonl",
+                        help="take expected, category, tags and messages from this prompts "
+                             "file, by prompt id (as fanout score --prompts scored them)")
+    report.add_argument("--against-prompts", metavar="PROMPTS.jsonl",
+                        help="the same for the baseline")
 
     serve = commands.add_parser(
         "serve", help="the fan-out as an HTTP service, and a comparison page",
@@ -211,7 +273,16 @@ def _batch(args: argparse.Namespace) -> int:
         prompts=args.prompts, output=args.output, models=tuple(args.models),
         samples=args.samples, concurrency=args.concurrency,
         per_model_concurrency=args.per_model_concurrency, shard=shard, config=args.config,
-        accept_empty=args.accept_empty))
+        accept_empty=args.accept_empty, scorers=tuple(args.scorers), scores=args.scores,
+        budget=args.budget))
+
+
+def _score(args: argparse.Namespace) -> int:
+    from .score import ScoreOptions, run_score
+
+    return run_score(ScoreOptions(
+        results=args.results, scorers=tuple(args.scorers), scores=args.scores,
+        prompts=args.prompts, config=args.config, rescore=args.rescore))
 
 
 async def _stop_on_sigterm(scope: trio.CancelScope) -> None:
@@ -242,10 +313,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _batch(args)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "score":
+        return _score(args)
     if args.command == "report":
         from .report import report
 
-        return report(args.results, as_json=args.json)
+        return report(args.results, as_json=args.json, scores=args.scores, by=args.by,
+                      samples=args.samples, against=args.against,
+                      against_scores=args.against_scores, html=args.html,
+                      interval=args.interval, prompts=args.prompts,
+                      against_prompts=args.against_prompts)
     raise AssertionError(f"unhandled command {args.command!r}")  # pragma: no cover
 
 

@@ -9,9 +9,14 @@ One prompt a line::
 ``id`` (a non-empty string or an integer, unique), then ``prompt`` (a
 string) or ``messages`` (a non-empty list of ``{"role", "content"}``
 objects), not both.  Optional: ``system`` (a system message put first),
-``params`` (request parameters, over the model's), ``tools``.  Other keys
-are allowed and ignored (datasets carry expected answers and metadata).
-Blank lines are skipped.  Every bad line is reported, with its number.
+``params`` (request parameters, over the model's), ``tools``.  For
+evaluation: ``expected`` (what the answer is graded against: any JSON value,
+a string, a list of acceptable strings, a number, an object; ``null`` is a
+value too), ``category`` (a non-empty string) and ``tags`` (a list of
+non-empty strings); they are never sent, and do not change what was asked
+(a results file resumes across them).  Other keys are allowed and ignored
+(datasets carry metadata).  Blank lines are skipped.  Every bad line is
+reported, with its number.
 """
 
 from __future__ import annotations
@@ -39,6 +44,23 @@ class Prompt:
     params: Mapping[str, Any] = attrs.field(factory=dict)
     tools: tuple[Mapping[str, Any], ...] | None = None
     line: int = 0
+    #: Whether the line has ``expected`` (``expected`` may be ``None``: JSON null).
+    has_expected: bool = False
+    expected: Any = None
+    category: str | None = None
+    tags: tuple[str, ...] = ()
+
+    def eval_fields(self) -> dict[str, Any]:
+        """What a results record carries of it for scoring: ``expected`` (only when the
+        line has one), ``category`` and ``tags`` (only when set)."""
+        fields: dict[str, Any] = {}
+        if self.has_expected:
+            fields["expected"] = self.expected
+        if self.category is not None:
+            fields["category"] = self.category
+        if self.tags:
+            fields["tags"] = list(self.tags)
+        return fields
 
 
 class PromptFileError(Exception):
@@ -146,7 +168,23 @@ def _prompt(line: bytes, number: int) -> Prompt:
     if tools is not None and (not isinstance(tools, list)
                               or not all(isinstance(t, dict) for t in tools)):
         raise ValueError(f"tools must be a list of objects, not {_kind(tools)}")
-    return Prompt(prompt_id, tuple(messages), params, tuple(tools) if tools else None, number)
+    if "expected" in data:
+        try:
+            json.dumps(data["expected"], allow_nan=False)
+        except ValueError:
+            raise ValueError("expected must be JSON (NaN and Infinity are not)") from None
+    category = data.get("category")
+    if category is not None and (not isinstance(category, str) or not category.strip()):
+        raise ValueError(f"category must be a non-empty string, not {_kind(category)}")
+    tags = data.get("tags", [])
+    if not isinstance(tags, list):
+        raise ValueError(f"tags must be a list of strings, not {_kind(tags)}")
+    for index, tag in enumerate(tags):
+        if not isinstance(tag, str) or not tag.strip():
+            raise ValueError(f"tags[{index}] must be a non-empty string, not {_kind(tag)}")
+    return Prompt(prompt_id, tuple(messages), params, tuple(tools) if tools else None, number,
+                  has_expected="expected" in data, expected=data.get("expected"),
+                  category=category, tags=tuple(dict.fromkeys(tags)))
 
 
 def _kind(value: Any) -> str:

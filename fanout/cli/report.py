@@ -16,19 +16,27 @@ The table fits the console: one table where it is wide enough (about 150
 columns), else two tables (outcomes; latency, tokens and 429s), with two-line
 headers when narrower, the model column folding; below about 60 columns one
 block per model.  Every number is whole in each layout.
+
+With scores (``RESULTS.scores.jsonl`` beside the results, or ``--scores``) the
+report goes on with the evaluation (``fanout.eval.aggregate``, drawn by
+``eval_report``): each scorer's table, cost, ``--against``'s comparison, and
+``--html`` writes the page (``fanout.eval.html``).  The evaluation holds the
+results file's records in memory (the summary alone streams it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import re
+import stat
 import statistics
 import sys
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, TextIO
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TextIO
 
 from rich import box
 from rich.cells import cell_len
@@ -39,6 +47,9 @@ from rich.text import Text
 from .common import format_seconds
 from .render import inert
 from .results import STATES, RecordReader, state_of, work_key
+
+if TYPE_CHECKING:
+    from ..eval.aggregate import By, Interval
 
 __all__ = ["model_summary", "printable", "report", "summary_console", "summary_table",
            "summary_view"]
@@ -320,31 +331,25 @@ def summary_console(file: TextIO) -> Console:
 
 # ------------------------------------------------------------------------- report
 
-def report(path: str, *, as_json: bool, stdout: TextIO | None = None,
-           stderr: TextIO | None = None, console: Console | None = None) -> int:
-    """``fanout report RESULTS.jsonl [--json]``: the summary of a results file.
-
-    Exit status: 0 with a summary (lines that are not records are counted on
-    stderr, a line per kind); 1 when the file holds no record (empty, or a torn
-    line only); 2 when it cannot be read or is not a results file (no record,
-    only other lines).
-    """
-    out, err = stdout or sys.stdout, stderr or sys.stderr
-    shown = printable(path)
-
-    def say(line: str) -> None:
-        print(f"fanout report: {shown}: {printable(line)}", file=err)
+def _read_results(path: str, say: Callable[[str], None], *, keep: Callable[[dict[str, Any]],
+                  None]) -> tuple[dict[str, dict[str, Any]] | None, int]:
+    """The summary of the results file at ``path`` (each record also handed to ``keep``),
+    and the exit status when there is none: what it could not read is said."""
+    def tee(reader: RecordReader) -> Iterator[dict[str, Any]]:
+        for record in reader:
+            keep(record)
+            yield record
 
     try:
         with open(path, "rb") as file:
             reader = RecordReader(file)
-            summary = model_summary(reader)  # streamed: the file may be big
+            summary = model_summary(tee(reader))  # streamed: the file may be big
     except FileNotFoundError:
         say("no such file")
-        return 2
+        return None, 2
     except OSError as exc:
         say(f"cannot read: {exc.strerror or exc}")
-        return 2
+        return None, 2
     for line in reader.unreadable.describe():
         say(line)
     if reader.torn_bytes:
@@ -353,13 +358,247 @@ def report(path: str, *, as_json: bool, stdout: TextIO | None = None,
         if reader.unreadable:
             say("not a fanout results file: no line is a record (an object with id, model, "
                 "sample, outcome and content_key)")
-            return 2
+            return None, 2
         say("no records" + (" (the file is empty)" if not reader.size else ""))
-        return 1
-    if as_json:
-        text = json.dumps(summary, indent=2).replace("\x7f", "\\u007f")  # ASCII, inert
-        out.write(text + "\n")
-        return 0
+        return None, 1
+    return summary, 0
+
+
+def _read_scores(path: str, explicit: bool, say: Callable[[str], None]
+                 ) -> dict[tuple[str, str], dict[str, Any]] | None:
+    """The latest score per (key, scorer) of ``path``; ``None`` (said) when it cannot
+    be read or is not a scores file; a missing file has none unless ``explicit``."""
+    from ..eval.scores import read_scores
+
+    if not os.path.lexists(path):
+        if explicit:
+            say("no such file")
+            return None
+        return {}
+    try:
+        scores = read_scores(path)
+    except OSError as exc:
+        say(f"cannot read: {exc.strerror or exc}")
+        return None
+    for line in scores.unreadable.describe():
+        say(line)
+    if scores.torn_bytes:
+        say(f"ignored a torn last line ({scores.torn_bytes} bytes, from an interrupted run)")
+    if not scores.records and scores.unreadable:
+        say("not a fanout scores file: no line is a score record (an object with id, model, "
+            "sample, scorer, status, answer_key and scorer_key)")
+        return None
+    return dict(scores)
+
+
+def _over(record: dict[str, Any], overrides: Mapping[str, Mapping[str, Any]] | None
+          ) -> dict[str, Any]:
+    """``record`` with its prompt line's fields over its own (``fanout score``'s rule:
+    the answer_key then hashes the expected value it was scored against)."""
+    line = overrides.get(str(record["id"])) if overrides else None
+    return record if line is None else {**record, **line}
+
+
+def _load_prompts(path: str, err: TextIO) -> dict[str, dict[str, Any]] | None:
+    """prompt id -> what a prompts file's line says over a record (messages, and
+    expected, category, tags when it has them), as ``fanout score --prompts`` reads it;
+    ``None`` (said, every bad line) when the file is unusable."""
+    from .prompts import PromptFileError, load_prompts
+
+    try:
+        return {str(p.id): {"messages": [dict(m) for m in p.messages], **p.eval_fields()}
+                for p in load_prompts(path)}
+    except PromptFileError as exc:
+        for problem in exc.problems:
+            print(f"fanout report: {printable(problem)}", file=err)
+        if exc.total:
+            print(f"fanout report: {printable(str(exc))}", file=err)
+        return None
+
+
+def _html_problem(target: str, inputs: Sequence[str]) -> str | None:
+    """Why ``target`` must not be written (replaced) by the page, or ``None``: an input
+    of the report, anything but a regular file, a file that is not an HTML page."""
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot write: {exc.strerror or exc}"
+    if not stat.S_ISREG(mode):
+        return "not a regular file; name a file to write the page to"
+    for name in inputs:
+        with contextlib.suppress(OSError):
+            if os.path.samefile(target, name):
+                return f"is {printable(name)}, an input of the report; name another file"
+    try:
+        with open(target, "rb") as file:
+            head = file.read(64)
+    except OSError as exc:
+        return f"cannot read what is there: {exc.strerror or exc}"
+    if head and not head.lstrip().lower().startswith(b"<!doctype html"):
+        return "exists and is not an HTML page (it is left as it was); name another file"
+    return None
+
+
+def _json_text(value: Any) -> str:
+    return json.dumps(value, indent=2).replace("\x7f", "\\u007f")  # ASCII, inert
+
+
+_LIGHT = ("id", "model", "sample", "outcome", "content_key", "cost", "category", "tags")
+
+
+def report(path: str, *, as_json: bool, stdout: TextIO | None = None,
+           stderr: TextIO | None = None, console: Console | None = None,
+           scores: str | None = None, by: By | None = None, samples: int | None = None,
+           against: str | None = None, against_scores: str | None = None,
+           html: str | None = None, interval: Interval = "bootstrap",
+           prompts: str | None = None, against_prompts: str | None = None) -> int:
+    """``fanout report RESULTS.jsonl [--json]``: the summary of a results file, and with
+    scores (``scores``, else ``fanout.eval.scores.scores_path`` of ``path`` when it
+    exists) or any of ``by``, ``samples``, ``against``, ``html`` its evaluation.
+
+    Without any of them the report is the summary alone (``--json``: model -> its
+    numbers), with the cost per model when records carry one.  With them:
+    the summary, then each scorer's table, cost, and the comparison with
+    ``against`` (``--json``: ``{"files", "summary", "evaluation"}``).  ``prompts``
+    (and ``against_prompts``): a prompts file whose lines' expected, category, tags
+    and messages stand over the records' (as ``fanout score --prompts`` scored them).
+
+    Exit status: 0 with a report (lines that are not records are counted on
+    stderr, a line per kind and file); 1 when the results file holds no record
+    (empty, or a torn line only); 2 when a file cannot be read or is not what it
+    should be (a results or scores file), when ``scores`` is given and missing,
+    for a bad value, or when ``html`` cannot be written.
+    """
+    out, err = stdout or sys.stdout, stderr or sys.stderr
+
+    def sayer(name: str) -> Callable[[str], None]:
+        shown = printable(name)
+        return lambda line: print(f"fanout report: {shown}: {printable(line)}", file=err)
+
+    if samples is not None and samples < 1:
+        print(f"fanout report: --samples {samples}: must be 1 or more", file=err)
+        return 2
+    for flag, given in (("--against-scores", against_scores),
+                        ("--against-prompts", against_prompts)):
+        if given is not None and against is None:
+            print(f"fanout report: {flag} needs --against", file=err)
+            return 2
+    overrides = other_overrides = None
+    if prompts is not None and (overrides := _load_prompts(prompts, err)) is None:
+        return 2
+    if against_prompts is not None and (
+            other_overrides := _load_prompts(against_prompts, err)) is None:
+        return 2
+    from ..eval.aggregate import slim
+    from ..eval.scores import scores_path
+
+    scores_file = scores if scores is not None else str(scores_path(path))
+    if html is not None:
+        inputs = [path, scores_file] + ([against, against_scores or str(scores_path(against))]
+                                        if against is not None else [])
+        problem = _html_problem(html, inputs)
+        if problem is not None:
+            print(f"fanout report: --html {printable(html)}: {problem}", file=err)
+            return 2
+    evaluating = (scores is not None or by is not None or samples is not None
+                  or against is not None or html is not None or prompts is not None
+                  or os.path.lexists(scores_file))
+    kept: list[dict[str, Any]] = []
+
+    def keep(record: dict[str, Any]) -> None:
+        # a big file stays small: only what cost needs without scores, what the
+        # evaluation reads with them, the whole record only for the page
+        record = _over(record, overrides)
+        if not evaluating:
+            kept.append({name: record[name] for name in _LIGHT if name in record})
+        elif html is None:
+            kept.append(slim(record))
+        else:
+            kept.append(record)
+
+    summary, status = _read_results(path, sayer(path), keep=keep)
+    if summary is None:
+        return status
     console = console or summary_console(out)
-    console.print(summary_view(summary, console))
+    if not evaluating:
+        return _plain(summary, kept, as_json=as_json, out=out, console=console)
+
+    from ..eval.aggregate import compare_runs, evaluate, prepare, to_json
+
+    latest_scores = _read_scores(scores_file, scores is not None, sayer(scores_file))
+    if latest_scores is None:
+        return 2
+    run = prepare(kept, latest_scores)
+    evaluation = evaluate(run, by=by, samples=samples, interval=interval)
+    comparison = None
+    against_file = None
+    if against is not None:
+        other: list[dict[str, Any]] = []
+        found, status = _read_results(against, sayer(against),
+                                      keep=lambda record: other.append(
+                                          slim(_over(record, other_overrides))))
+        if found is None:
+            return 2
+        against_file = against_scores if against_scores is not None \
+            else str(scores_path(against))
+        other_scores = _read_scores(against_file, against_scores is not None,
+                                    sayer(against_file))
+        if other_scores is None:
+            return 2
+        comparison = compare_runs(run, prepare(other, other_scores))
+    if html is not None:
+        from ..eval.html import write_report
+
+        try:
+            write_report(html, run, evaluation, comparison, title=path,
+                         against=against)
+        except OSError as exc:
+            print(f"fanout report: --html {printable(html)}: cannot write: "
+                  f"{exc.strerror or exc}", file=err)
+            return 2
+    has_cost = any("cost" in record for record in kept) or evaluation.judge.calls > 0
+    if as_json:
+        data = {"files": {"results": path,
+                          "scores": scores_file if os.path.lexists(scores_file) else None,
+                          "prompts": prompts, "against": against,
+                          "against_scores": against_file,
+                          "against_prompts": against_prompts, "html": html},
+                "summary": summary, "evaluation": to_json(evaluation, comparison)}
+        out.write(_json_text(data) + "\n")
+        return 0
+    from .eval_report import comparison_view, evaluation_view
+
+    parts: list[RenderableType] = [summary_view(summary, console),
+                                   *evaluation_view(evaluation, console, cost=has_cost)]
+    if comparison is not None and against is not None:
+        parts += comparison_view(comparison, against, console)
+    if html is not None:
+        parts += [Text(), Text(f"wrote {printable(html)}")]
+    console.print(Group(*parts))
+    return 0
+
+
+def _plain(summary: dict[str, dict[str, Any]], kept: list[dict[str, Any]], *, as_json: bool,
+           out: TextIO, console: Console) -> int:
+    """The report without scores: today's summary, and cost when records carry it."""
+    evaluation = None
+    if any("cost" in record for record in kept):
+        from ..eval.aggregate import evaluate, prepare
+
+        evaluation = evaluate(prepare(kept, {}))
+        for row in evaluation.rows:
+            summary[row.model]["cost"] = {
+                "total": None if row.cost is None else round(row.cost, 9),
+                "known": row.cost_known, "unknown": row.cost_unknown}
+    if as_json:
+        out.write(_json_text(summary) + "\n")
+        return 0
+    if evaluation is None:
+        console.print(summary_view(summary, console))
+        return 0
+    from .eval_report import cost_lines
+
+    console.print(Group(summary_view(summary, console), *cost_lines(evaluation, console)))
     return 0

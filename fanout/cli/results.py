@@ -43,7 +43,7 @@ import re
 import socket
 import stat
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
@@ -150,8 +150,11 @@ class Line:
     torn: bool = False  # the unterminated last line: the start of a record
 
 
-def scan(file: IO[bytes]) -> Iterator[Line]:
-    """Every line of ``file`` classified, streamed (a big file stays small in memory)."""
+def scan(file: IO[bytes], problem: Callable[[object], str | None] = record_problem
+         ) -> Iterator[Line]:
+    """Every line of ``file`` classified, streamed (a big file stays small in memory);
+    ``problem`` says why a JSON value is not a record (``record_problem``: a results
+    record; the scores file passes its own)."""
     for number, data in enumerate(file, 1):
         whole = data.endswith(b"\n")
         if not data.strip():
@@ -159,11 +162,11 @@ def scan(file: IO[bytes]) -> Iterator[Line]:
             continue
         value, kind = _parse(data)
         if kind is None:
-            problem = record_problem(value)
-            if problem is None:
+            why = problem(value)
+            if why is None:
                 yield Line(number, len(data), record=value)
             else:
-                yield Line(number, len(data), kind="shape", problem=problem)
+                yield Line(number, len(data), kind="shape", problem=why)
         elif not whole and _starts_a_record(data):
             yield Line(number, len(data), torn=True)
         else:
@@ -292,16 +295,21 @@ class Existing:
     unreadable: Unreadable = attrs.Factory(Unreadable)  # whole lines that are not records
 
 
-def read_existing(file: IO[bytes]) -> Existing:
-    """What ``file`` holds (from its start), never raising on its content."""
+def read_existing(file: IO[bytes], problem: Callable[[object], str | None] = record_problem,
+                  keep: Callable[[Existing, dict[str, Any]], None] | None = None) -> Existing:
+    """What ``file`` holds (from its start), never raising on its content.
+
+    ``problem`` and ``keep`` (what ``latest`` holds of a record) default to a
+    results file's; the scores file passes its own."""
     existing = Existing()
-    for line in scan(file):
+    keep = keep or _keep
+    for line in scan(file, problem):
         if line.torn:
             existing.torn_bytes = line.size
             break
         existing.valid_size += line.size
         if line.record is not None:
-            _keep(existing, line.record)
+            keep(existing, line.record)
         elif line.kind is not None:
             existing.unreadable.add(line)
     return existing
@@ -389,7 +397,14 @@ class ResultsFile:
     the given file (the prompts), is locked by another run, or is not a results
     file; otherwise ``existing`` says what it holds, and a torn last line has
     been cut off.
+
+    A subclass may hold other records (the scores file does): ``WHAT`` names
+    the kind of file in messages, ``USER`` the command that locks it, and
+    ``_read_existing`` reads what it holds.
     """
+
+    WHAT = "fanout results file"
+    USER = "fanout batch"
 
     def __init__(self, path: str | os.PathLike[str], *,
                  not_same_as: tuple[str, os.stat_result] | None = None) -> None:
@@ -407,11 +422,14 @@ class ResultsFile:
             self._lock()
             self._say_who()
             with open(os.dup(self._fd), "rb") as file:
-                self.existing = read_existing(file)
+                self.existing = self._read_existing(file)
             self._accept()
         except BaseException:
             self.close()
             raise
+
+    def _read_existing(self, file: IO[bytes]) -> Existing:
+        return read_existing(file)
 
     def _open(self) -> int:
         flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOCTTY
@@ -442,14 +460,15 @@ class ResultsFile:
             self._not_regular(mode)
 
     def _not_regular(self, mode: os.stat_result) -> NoReturn:
+        what = self.WHAT.removeprefix("fanout ")
         raise ResultsFileError(f"{self.path}: not a regular file ({_file_kind(mode)}): a "
-                               "results file is read back, locked and appended to")
+                               f"{what} is read back, locked and appended to")
 
     def _lock(self) -> None:
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise ResultsFileError(f"{self.path}: in use by another fanout batch "
+            raise ResultsFileError(f"{self.path}: in use by another {self.USER} "
                                    f"({_holder(lock_path(self.path))}); wait for it to end, "
                                    "or name another output") from None
         except OSError as exc:  # a file system without locks: say so, do not run unlocked
@@ -461,7 +480,7 @@ class ResultsFile:
             total = existing.records + existing.unreadable.total
             first = existing.unreadable.describe()[0]
             raise ResultsFileError(
-                f"{self.path}: not a fanout results file: {existing.unreadable.total} of its "
+                f"{self.path}: not a {self.WHAT}: {existing.unreadable.total} of its "
                 f"{total} lines are not records ({first}); it is left as it was: name "
                 "another output, or fix or remove those lines")
         try:

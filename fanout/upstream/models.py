@@ -1009,6 +1009,12 @@ MODELS: dict[str, ModelSpec] = {spec.id: spec for spec in [
 ]}
 
 
+# The judge models (judge.py) stream through this module's helpers: registered last.
+from .judge import JUDGE_MODELS  # noqa: E402
+
+MODELS.update(JUDGE_MODELS)
+
+
 def plan_chat(request: ChatRequest, context: Context) -> Plan:
     """The plan for a chat-completions request, or a 404 for an unknown model."""
     spec = MODELS.get(request.name)

@@ -1,0 +1,246 @@
+"""``fanout score RESULTS.jsonl --score NAME``: (re)score a results file, answers untouched.
+
+The latest record of every (prompt id, model, sample) of the results file is
+scored by every ``--score`` scorer (a ``[[scorers]]`` name of the config, or a
+builtin: ``fanout.eval.scorers.BUILTIN``) into the scores file
+(``RESULTS.scores.jsonl``, or ``--scores FILE``; see ``fanout.eval.scores``).
+No model request is sent but a judge's.  A score already in the file for the
+same answer and scorer is current and kept (``--rescore`` scores it again), so
+running the same command twice scores nothing new, and a run killed midway
+is completed by the next.  A record the server cut while others ran (a redo
+never came) is unscored, like any stream that did not complete.
+
+``--prompts PROMPTS.jsonl``: each prompt line's ``expected``, ``category``,
+``tags`` and messages override the record's, by prompt id (a results id with
+no prompt line keeps its record's, and is counted).
+
+Exit status: 0 when every score was written and every judge answered, 1
+when a write failed or a judge stream did not complete (its score is an
+``error``; running again asks it again) or the run was interrupted, 2 for
+bad usage or input, 130 after a second Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping
+from functools import partial
+from pathlib import Path
+from typing import Any, TextIO
+
+import attrs
+import trio
+
+from .._exceptions import ConfigError
+from ..config import Config, load_config
+from ..eval.run import Scoring, Selected, UnknownScorer, select_scorers
+from ..eval.scores import ScoresFile, scores_path
+from ..request import Endpoint
+from .common import interrupt_on_sigint, open_endpoint
+from .common import only as _only
+from .prompts import PromptFileError, load_prompts
+from .report import printable
+from .results import RecordReader, ResultsFileError, work_key
+
+__all__ = ["ScoreOptions", "latest_records", "run_score"]
+
+EXIT_INTERRUPTED = 130
+#: Units listed by key in a summary line (the rest are counted).
+LISTED = 5
+
+
+@attrs.frozen
+class ScoreOptions:
+    results: str
+    scorers: tuple[str, ...]
+    scores: str | None = None
+    prompts: str | None = None
+    config: str | None = None
+    rescore: bool = False
+
+
+def latest_records(path: str) -> tuple[dict[str, dict[str, Any]], RecordReader]:
+    """key -> the latest record of each unit of a results file, in file order of
+    their latest writes, and the reader (what else the file held); ``OSError`` if
+    it cannot be read."""
+    latest: dict[str, dict[str, Any]] = {}
+    with open(path, "rb") as file:
+        reader = RecordReader(file)
+        for record in reader:
+            key = work_key(record["id"], record["model"], record["sample"])
+            latest.pop(key, None)
+            latest[key] = record
+    return latest, reader
+
+
+def as_scored(record: Mapping[str, Any]) -> Mapping[str, Any]:
+    """What a scorer is given of a record: one the server cut while others ran (its
+    redo never came) did not complete, whatever its outcome says."""
+    if record.get("cut") is True and record.get("outcome") == "completed":
+        return {**record, "outcome": "truncated",
+                "reason": "cut by the server while other streams ran (not redone)"}
+    return record
+
+
+def run_score(options: ScoreOptions, *, stdout: TextIO | None = None,
+              stderr: TextIO | None = None, environ: dict[str, str] | None = None) -> int:
+    """Score a results file; returns the exit status (see the module docstring)."""
+    out = stdout or sys.stdout
+    err = stderr or sys.stderr
+
+    def say(message: str) -> None:
+        print(f"fanout score: {printable(message)}", file=err)
+
+    def fail(message: str) -> int:
+        say(message)
+        return 2
+
+    if not options.scorers:
+        return fail("no scorer: give --score NAME (a [[scorers]] name or a builtin)")
+    try:
+        config = load_config(options.config)
+    except ConfigError as exc:
+        for line in exc.problems or [str(exc)]:
+            say(line)
+        return 2
+    try:
+        selected = select_scorers(config, options.scorers)
+    except (UnknownScorer, ValueError, ConfigError) as exc:
+        return fail(str(exc))
+    endpoint: Endpoint | None = None
+    if any(s.is_judge for s in selected):
+        try:
+            endpoint = config.endpoint(environ)
+        except ConfigError as exc:
+            return fail(str(exc))
+    prompts: dict[str, dict[str, Any]] | None = None
+    if options.prompts is not None:
+        try:
+            prompts = {str(p.id): {"messages": [dict(m) for m in p.messages],
+                                   **p.eval_fields()}
+                       for p in load_prompts(options.prompts)}
+        except PromptFileError as exc:
+            for problem in exc.problems:
+                say(problem)
+            if exc.total:
+                say(f"{exc}; nothing was scored")
+            return 2
+    try:
+        source = os.stat(options.results)
+        latest, reader = latest_records(options.results)
+    except FileNotFoundError:
+        return fail(f"{options.results}: no such results file")
+    except IsADirectoryError:
+        return fail(f"{options.results}: is a directory, not a results file")
+    except OSError as exc:
+        return fail(f"{options.results}: cannot read: {exc.strerror or exc}")
+    if not latest:
+        extra = f" ({reader.unreadable.describe()[0]})" if reader.unreadable else ""
+        return fail(f"{options.results}: no results records{extra}; nothing to score")
+    if reader.unreadable:
+        say(f"{options.results}: {reader.unreadable.total} line"
+            f"{'s are' if reader.unreadable.total != 1 else ' is'} not records and "
+            f"{'are' if reader.unreadable.total != 1 else 'is'} skipped "
+            f"({reader.unreadable.describe()[0]})")
+    target = Path(options.scores) if options.scores else scores_path(options.results)
+    try:
+        writer = ScoresFile(target, not_same_as=(f"the results file {options.results}", source))
+    except ResultsFileError as exc:
+        return fail(f"--scores {exc}; nothing was scored")
+    try:
+        return _run(options, config, selected, endpoint, latest, prompts, writer, out, say)
+    finally:
+        writer.close()
+
+
+def _run(options: ScoreOptions, config: Config, selected: list[Selected],
+         endpoint: Endpoint | None, latest: dict[str, dict[str, Any]],
+         prompts: dict[str, dict[str, Any]] | None, writer: ScoresFile, out: TextIO,
+         say: Callable[[str], None]) -> int:
+    if writer.existing.torn_bytes:
+        say(f"{writer.path}: cut off a torn last line ({writer.existing.torn_bytes} bytes, "
+            "from an interrupted run) before appending")
+    scoring = Scoring(config, selected, writer, rescore=options.rescore)
+    scoring.sync_inline = True  # outside trio: no task syncs every second
+    without_prompt: list[str] = []
+    unscored: list[str] = []
+    try:
+        for record in latest.values():
+            prompt = None
+            if prompts is not None:
+                prompt = prompts.get(str(record["id"]))
+                if prompt is None:
+                    without_prompt.append(str(record["id"]))
+            scored = as_scored(record)
+            if scored.get("outcome") != "completed":
+                unscored.append(f"{record['id']}/{record['model']}#{record['sample']}")
+            scoring.add(scored, prompt)
+    except KeyboardInterrupt:
+        # Every score so far is written (one line each); the rest are scored next time.
+        say("interrupted: the scores written so far stay; run the same command again to "
+            "finish")
+        return EXIT_INTERRUPTED
+    scoring.close()
+    if without_prompt:
+        ids = sorted(set(without_prompt))
+        shown = ", ".join(map(repr, ids[:LISTED])) + (", …" if len(ids) > LISTED else "")
+        say(f"--prompts {options.prompts}: {len(ids)} prompt id{'s' if len(ids) != 1 else ''}"
+            f" of the results have no line there ({shown}); their records' expected values "
+            "are used")
+    interrupted = False
+    if scoring.pending:
+        pending = scoring.pending
+        say(f"{pending} judge request{'s' if pending != 1 else ''} to send")
+        scoring.sync_inline = False  # the judges' task syncs every second
+        try:
+            trio.run(_judge, scoring, writer, endpoint)
+        except BaseException as exc:
+            if not _only(exc, KeyboardInterrupt):
+                raise
+            say("stopped at once; run the same command again to finish")
+            return EXIT_INTERRUPTED
+        interrupted = scoring.interrupted
+    writer.close()
+    failed_judges = 0
+    for item in selected:
+        tally = scoring.tallies[item.name]
+        print(printable(tally.line(item.name)), file=out)
+        failed_judges += tally.judge_failed
+    print(f"scores: {printable(str(writer.path))}", file=out)
+    if unscored:
+        shown = ", ".join(unscored[:LISTED]) + (", …" if len(unscored) > LISTED else "")
+        say(f"{len(unscored)} unit{'s' if len(unscored) != 1 else ''} did not complete and "
+            f"{'are' if len(unscored) != 1 else 'is'} unscored (not failed): {shown}")
+    if writer.error is not None:
+        say(f"--scores {writer.path}: cannot write: {writer.error.strerror or writer.error}; "
+            "run the same command again once it can be written")
+        return 1
+    if interrupted:
+        say("interrupted: the judges not asked yet are left; run the same command again to "
+            "finish")
+        return 1
+    if failed_judges:
+        say(f"{failed_judges} judge stream{'s' if failed_judges != 1 else ''} did not complete "
+            "(error scores); running the same command again asks "
+            f"{'them' if failed_judges != 1 else 'it'} again")
+        return 1
+    return 0
+
+
+async def _judge(scoring: Scoring, writer: ScoresFile, endpoint: Endpoint | None) -> None:
+    async with open_endpoint(endpoint) as resolved, trio.open_nursery() as nursery:
+        nursery.start_soon(interrupt_on_sigint, partial(_interrupt, scoring, nursery))
+        nursery.start_soon(_fsync_every_second, writer)
+        await scoring.run(resolved)
+        nursery.cancel_scope.cancel()
+
+
+def _interrupt(scoring: Scoring, nursery: trio.Nursery) -> None:
+    scoring.stop()
+
+
+async def _fsync_every_second(writer: ScoresFile) -> None:
+    while True:
+        await trio.sleep(1)
+        await trio.to_thread.run_sync(writer.sync)

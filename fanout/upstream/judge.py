@@ -1,0 +1,118 @@
+"""The embedded upstream's judge models: deterministic graders for ``judge`` scorers.
+
+``mock/judge`` reads the request's last user message, finds the sections that
+``fanout.eval.judge`` puts around the values it inserts (``<<<BEGIN ANSWER>>>`` …
+``<<<END ANSWER>>>``, the same for ``EXPECTED``), and answers one line of
+reasoning, then ``GRADE: PASS`` or ``GRADE: FAIL``:
+
+- with an EXPECTED section: PASS when the normalised expected text occurs in
+  the normalised answer.  Normalised: case folded, punctuation removed, white
+  space collapsed and stripped (``fanout.eval.scorers``' ``exact`` options).  A
+  section that is a JSON array is a list of acceptable answers (any one
+  occurring passes; a non-string item counts as its JSON text).  An expected
+  text that normalises to nothing matches only an answer that does too;
+- without one: PASS when the answer, stripped, is not empty and ends with ``.``;
+- with no ANSWER section at all: FAIL, saying so.
+
+It never quotes the answer back, so what the answer says cannot become its
+verdict.  ``mock/judge-garbage`` answers a paragraph with no verdict in it (the
+judge scorer must call that an ``error``).  Both stream like ``mock/fast``
+(``:SECONDS`` between chunks, usage when asked, ``max_tokens`` cuts) and answer
+without streaming too.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+
+from ..eval._text import Normalise
+from ..eval.judge import BEGIN, END
+from .corpus import cut, rng_for
+from .models import (
+    SSE_HEADERS,
+    Context,
+    ModelSpec,
+    _Choice,
+    _completion,
+    _limit,
+    _own_pauses,
+    _stream,
+)
+from .plans import ChatRequest, Plan
+
+__all__ = ["GARBAGE", "JUDGE_MODELS", "judge_reply", "sections"]
+
+_NORMALISE = Normalise(ignore_case=True, collapse_whitespace=True, ignore_punctuation=True)
+
+GARBAGE = ("Well, I have read the question and the answer twice. There is much to say "
+           "about both, and reasonable graders may disagree; I would rather not commit "
+           "to anything today. Perhaps ask me again later.")
+
+
+def sections(text: str) -> dict[str, str]:
+    """The delimited sections of a judge prompt: name -> content (the first of each)."""
+    found: dict[str, str] = {}
+    opening = re.escape(BEGIN).replace(r"\{\}", r"(?P<name>[A-Z]+)")
+    for match in re.finditer(opening + r"\n", text):
+        name = match["name"]
+        end = text.find("\n" + END.format(name), match.end())
+        if end != -1 and name not in found:
+            found[name] = text[match.end():end]
+    return found
+
+
+def _acceptable(expected: str) -> list[str]:
+    try:
+        value = json.loads(expected)
+    except ValueError:
+        return [expected]
+    if isinstance(value, list) and value:
+        return [v if isinstance(v, str) else json.dumps(v) for v in value]
+    return [expected]
+
+
+def judge_reply(prompt: str) -> str:
+    """``mock/judge``'s whole answer to a judge prompt (the rule of the module)."""
+    found = sections(prompt)
+    if "ANSWER" not in found:
+        return "I found no ANSWER section to grade.\nGRADE: FAIL"
+    answer = found["ANSWER"]
+    if "EXPECTED" not in found:
+        ok = bool(answer.strip()) and answer.strip().endswith(".")
+        why = ("The answer is a complete sentence ending with a full stop." if ok else
+               "The answer is empty or does not end with a full stop.")
+        return f"{why}\nGRADE: {'PASS' if ok else 'FAIL'}"
+    got = _NORMALISE(answer)
+    for item in _acceptable(found["EXPECTED"]):
+        wanted = _NORMALISE(item)
+        if (wanted in got) if wanted else not got:
+            return "The expected answer occurs in the answer.\nGRADE: PASS"
+    return "The expected answer does not occur in the answer.\nGRADE: FAIL"
+
+
+def _replying(reply: Callable[[ChatRequest], str]) -> Callable[[ChatRequest, Context], Plan]:
+    def plan(request: ChatRequest, context: Context) -> Plan:
+        text = reply(request)
+        answers = []
+        for index in range(request.n):
+            rng = rng_for(request.seed, request.name, request.prompt, index)
+            choice = _Choice(parts=[("content", piece) for piece in cut(rng, text)])
+            _limit(choice, request, len(choice.parts))
+            answers.append(choice)
+        if not request.stream:
+            return _completion(request, answers)
+        return Plan(200, SSE_HEADERS, steps=_stream(request, answers,
+                                                    _own_pauses(request, context, 0.0)),
+                    fragment=request.fragment)
+    return plan
+
+
+JUDGE_MODELS: dict[str, ModelSpec] = {spec.id: spec for spec in [
+    ModelSpec("mock/judge", "grades a fanout judge prompt: GRADE: PASS iff the expected "
+              "text occurs in the answer (normalised)",
+              _replying(lambda request: judge_reply(request.prompt))),
+    ModelSpec("mock/judge-garbage", "answers a judge prompt with prose and no verdict",
+              _replying(lambda request: GARBAGE)),
+]}
