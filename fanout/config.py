@@ -46,7 +46,7 @@ A config is TOML (read with the stdlib ``tomllib``)::
     [[scorers]]                             # ``--score NAME`` (fanout score, batch)
     name = "exact-ci"                       # unique
     kind = "exact"                          # one of fanout.eval.scorers.KINDS
-    case = false                            # every other key is the kind's option
+    ignore_case = true                      # every other key is the kind's option
 
     [[scorers]]
     name = "judged"
