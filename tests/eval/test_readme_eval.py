@@ -46,11 +46,23 @@ def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
                           env=env, capture_output=True, text=True, timeout=300)
 
 
-def _comparable(line: str) -> str | None:
-    """A shown line whose content does not depend on timing, else ``None``."""
+def _comparable(line: str) -> re.Pattern[str] | None:
+    """A shown line as a pattern of what does not depend on timing, else ``None``.
+
+    Times differ, and so does how many of ``flaky``'s streams were cut while others ran and
+    redone (each redo is one more record of unknown cost): those counts match any number."""
     if not line.strip() or line.strip() == "…" or "streams in" in line or "ms " in line:
         return None
-    return line.rstrip()
+    tokens = line.split()
+    parts = []
+    for number, token in enumerate(tokens):
+        if tokens[:3] == ["flaky", "-", "0"] and number == 3:
+            parts.append(r"\d+")  # flaky's records of unknown cost: one more per redo
+        elif token.startswith("(") and tokens[number + 1:number + 2] == ["records"]:
+            parts.append(r"\(\d+")
+        else:
+            parts.append(re.escape(token))
+    return re.compile(r"^\s*" + r"\s+".join(parts) + r"\s*$", re.M)
 
 
 def test_the_walk_through_prints_what_the_readme_shows(tmp_path: Path) -> None:
@@ -82,7 +94,7 @@ def test_the_walk_through_prints_what_the_readme_shows(tmp_path: Path) -> None:
         for line in shown:
             expected = _comparable(line)
             if expected is not None:
-                assert expected in out.splitlines() or expected in out, (argv, expected)
+                assert expected.search(out), (argv, expected.pattern)
     assert ran == 4
     assert (tmp_path / "report.html").stat().st_size > 10_000
     # What the prose says of the numbers.
