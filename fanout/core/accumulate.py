@@ -16,8 +16,9 @@ is fine).  Tool calls are keyed by (choice, tool index):
 The outcome is ``completed`` only when ``[DONE]`` (or the dialect's terminal
 event, named by ``terminal``) arrived and at least one choice got a finish
 reason (``require_finish_reason=False`` accepts ``[DONE]`` alone, for a relay
-known to omit finish reasons; the result is then flagged ``no_finish_reason``).  Every other outcome gets a one-line
-``reason``; a completed result that looks wrong gets ``Flag`` codes.
+known to omit finish reasons; the result is then flagged ``no_finish_reason``).
+Every other outcome gets a one-line ``reason``; a completed result that looks
+wrong gets ``Flag`` codes.
 """
 
 from __future__ import annotations
