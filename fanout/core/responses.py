@@ -6,7 +6,8 @@ reason as its finish reason); ``response.failed`` and ``error`` are errors.
 The mapping (every stream has one choice, index 0):
 
 - ``response.created`` / ``in_progress`` / ``queued``: ``ResponseInfo`` (id, model);
-- ``response.output_item.added``: a ``message`` item announces the role; a
+- ``response.output_item.added``: the first item announces the role (a
+  message's own, else ``assistant``); a
   ``function_call`` item opens a tool call (``ToolCallDelta`` with its
   ``call_id`` as id and its name).  Tool indexes are 0, 1, 2 in order of
   appearance, at most ``max_tool_calls``; items are keyed by ``item_id`` (else
@@ -221,12 +222,12 @@ class ResponsesInterpreter(DialectInterpreter):
             self._by_id[item_id] = state
         if output_index is not None:
             self._by_output[output_index] = state
-        if kind == "message":
+        if not self._role:  # every output item is the assistant's; a message names its role
             role = item.get("role")
-            if not self._role and role and type(role) is str:
-                self._role = True
-                out.append(ChoiceRole(0, role, self._stream, self._content_key))
-        elif kind == "function_call":
+            self._role = True
+            out.append(ChoiceRole(0, role if role and type(role) is str else "assistant",
+                                  self._stream, self._content_key))
+        if kind == "function_call":
             state.tool_index = self._tools
             self._tools += 1
             arguments = _arguments_text(item.get("arguments"))
