@@ -418,7 +418,8 @@ _UNKNOWN_ANTHROPIC = {"type": "content_block_future", "index": 0}
 
 
 @st.composite
-def dialect_streams(draw: st.DrawFn, api: str) -> DialectStream:
+def dialect_streams(draw: st.DrawFn, api: str,
+                    rendering: st.SearchStrategy[Rendering] = renderings) -> DialectStream:
     """A generated Responses or Anthropic stream with its script and noise."""
     script = draw(scripts())
     terminal = draw(st.booleans())
@@ -432,5 +433,5 @@ def dialect_streams(draw: st.DrawFn, api: str) -> DialectStream:
         noise = ({"type": "ping"},) * pings + (_UNKNOWN_ANTHROPIC,) * unknown
         frames = anthropic_frames(script, terminal=terminal, noise=noise)
     frames = frames[:1] + list(comments) + frames[1:]
-    body = serialize(frames, draw(renderings))
+    body = serialize(frames, draw(rendering))
     return DialectStream(api, script, body, terminal, len(comments), unknown)
