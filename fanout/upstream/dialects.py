@@ -43,8 +43,8 @@ from .plans import (
     json_plan,
 )
 
-__all__ = ["AnthropicEncoder", "ResponsesEncoder", "anthropic_error_plan", "grouped",
-           "parse_messages_request", "parse_responses_request"]
+__all__ = ["AnthropicEncoder", "ResponsesEncoder", "anthropic_error_plan", "chat_stream_parts",
+           "grouped", "parse_messages_request", "parse_responses_request"]
 
 SSE_COMMENT = b": keep-alive\n\n"
 
@@ -380,11 +380,12 @@ class AnthropicEncoder:
         closed = self._close()
         if closed:
             out.append(Send(closed))
-        _, completion, _ = _usage_counts(usage)
-        out.append(Send(_named("message_delta", {
+        delta: dict[str, Any] = {
             "type": "message_delta",
-            "delta": {"stop_reason": self.stop_reason(answers), "stop_sequence": None},
-            "usage": {"output_tokens": completion}})))
+            "delta": {"stop_reason": self.stop_reason(answers), "stop_sequence": None}}
+        if usage is not None:  # none known (a replayed capture without): none invented
+            delta["usage"] = {"output_tokens": _usage_counts(usage)[1]}
+        out.append(Send(_named("message_delta", delta)))
         out.append(Send(_named("message_stop", {"type": "message_stop"}), terminal=True))
         return out
 
@@ -625,3 +626,50 @@ def parse_messages_request(body: bytes, headers: Mapping[str, str]) -> ChatReque
         **common, messages=tuple(messages), n=1,
         max_tokens=_max(data, "max_tokens", required=True), tools=tuple(tools),
         tool_choice=choice, seed=None, api_key=sent.strip() if sent else None, api="anthropic")
+
+
+# ---------------------------------------------------------------- replay in a dialect
+
+def chat_stream_parts(body_pieces: Iterable[tuple[float, bytes]]
+                      ) -> Iterator[tuple[float, str, Any]]:
+    """A recorded chat stream read back as what it said, with when: ``(ms, kind, value)``
+    with kind ``part`` (a part of choice 0, as the scripted models plan them),
+    ``finish`` (its finish reason), ``usage`` (a usage object) or ``done`` ([DONE]).
+
+    Frames that are no chat chunk are passed over: a replay in another dialect
+    carries what the capture's model said, not how its relay misbehaved.
+    """
+    from ..core.sse import SSEDecoder
+
+    decoder = SSEDecoder()
+    for at_ms, piece in body_pieces:
+        for event in decoder.feed(piece):
+            if event.data.strip() == "[DONE]":
+                yield at_ms, "done", None
+                continue
+            try:
+                chunk = json.loads(event.data)
+            except (ValueError, RecursionError):
+                continue
+            if not isinstance(chunk, dict):
+                continue
+            for choice in chunk.get("choices") or ():
+                if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                    continue
+                delta = choice.get("delta") or {}
+                for name, kind in (("reasoning_content", "reasoning"), ("reasoning", "reasoning"),
+                                   ("content", "content"), ("refusal", "refusal")):
+                    value = delta.get(name)
+                    if isinstance(value, str) and value:
+                        yield at_ms, "part", (kind, value)
+                for call in delta.get("tool_calls") or ():
+                    if not isinstance(call, dict):
+                        continue
+                    function = call.get("function") or {}
+                    yield at_ms, "part", ("tool", call.get("index", 0), call.get("id"),
+                                          function.get("name"),
+                                          str(function.get("arguments") or ""))
+                if choice.get("finish_reason"):
+                    yield at_ms, "finish", str(choice["finish_reason"])
+            if isinstance(chunk.get("usage"), dict):
+                yield at_ms, "usage", chunk["usage"]

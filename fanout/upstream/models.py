@@ -34,7 +34,13 @@ from ..bodies import APIS
 from .bomb import MIB, gzip_bomb
 from .capture import Capture
 from .corpus import REASONING, cut, example_arguments, fragments, rng_for
-from .dialects import AnthropicEncoder, ResponsesEncoder, anthropic_error_plan
+from .dialects import (
+    AnthropicEncoder,
+    ResponsesEncoder,
+    anthropic_error_plan,
+    chat_stream_parts,
+    grouped,
+)
 from .plans import Abort, ChatRequest, Hang, Pause, Plan, Send, Step, error_plan, json_plan
 
 __all__ = ["ECHO_MARKER", "ECHO_PLACES", "MODELS", "Context", "ModelSpec", "Slot", "encoder",
@@ -1056,6 +1062,10 @@ def plan_replay(request: ChatRequest, context: Context, name: str) -> Plan | Non
             scale = 1.0
     headers = tuple((k, v) for k, v in capture.headers
                     if k.lower() in ("content-type", "x-request-id", "retry-after"))
+    if request.api != "chat" and capture.status == 200 and "event-stream" in (
+            capture.content_type or "text/event-stream"):
+        return Plan(200, SSE_HEADERS, steps=_replay_in_dialect(request, capture, scale),
+                    fragment=request.fragment or "event")
 
     def steps() -> Iterator[Step]:
         previous = next((t for t, n in capture.reads if n == 0), 0.0)
@@ -1066,6 +1076,48 @@ def plan_replay(request: ChatRequest, context: Context, name: str) -> Plan | Non
             yield Send(piece)
 
     return Plan(capture.status, headers, steps=steps(), fragment=request.fragment or "event")
+
+
+def _replay_in_dialect(request: ChatRequest, capture: Capture, scale: float
+                       ) -> Iterator[Step]:
+    """A recorded chat stream said again in the request's dialect, at its recorded times:
+    each content, reasoning or tool-call delta of choice 0 one write, the finish and
+    usage at the end.  A capture that ends without ``[DONE]`` ends here without the
+    dialect's terminal event (a cut stays a cut); one whose ``[DONE]`` came without a
+    finish reason (llama.cpp's cut) too.  Tool-call fragments are held and sent by call
+    at the end: these dialects send one call (block, item) at a time, chat may interleave."""
+    chunks = encoder(request)
+    answer = _Choice()
+    tools = _Choice()
+    finish: str | None = None
+    usage: dict[str, Any] | None = None
+    previous = next((t for t, n in capture.reads if n == 0), 0.0)
+    started = False
+    kind = ""
+    for at_ms, kind, value in chat_stream_parts(capture.pieces()):
+        if scale and at_ms > previous:
+            yield Pause((at_ms - previous) / 1000 * scale)
+        previous = max(previous, at_ms)
+        if not started:
+            started = True
+            yield Send(chunks.start(1))
+        if kind == "part" and value[0] == "tool":
+            tools.parts.append(value)
+        elif kind == "part":
+            answer.parts.append(value)
+            yield Send(chunks.part(0, value))
+        elif kind == "finish":
+            finish = value
+        elif kind == "usage":
+            usage = value
+        elif kind == "done":
+            break
+    for _, part in grouped([tools]):
+        answer.parts.append(part)
+        yield Send(chunks.part(0, part))
+    if kind == "done" and finish is not None:
+        answer.finish_reason = finish
+        yield from chunks.closing([answer], usage)
 
 
 # ---------------------------------------------------------------- registry
