@@ -7,6 +7,7 @@ auth, version header and error shape; the non-streamed bodies; replay.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable
 from typing import Any
@@ -157,7 +158,7 @@ async def test_responses_function_calls_one_item_at_a_time(client: httpx.AsyncCl
         assert item["call_id"].startswith("call_")
     # one item's fragments together: the deltas' item ids change exactly once
     ids = [d["item_id"] for d in got.data("response.function_call_arguments.delta")]
-    assert sum(a != b for a, b in zip(ids, ids[1:], strict=False)) == 1
+    assert sum(a != b for a, b in itertools.pairwise(ids)) == 1
     assert json.loads(got.data("response.completed")[0]["response"]["output"][0]["arguments"])[
         "place"]
 
