@@ -48,7 +48,7 @@ DEFAULT_MAX_TOKENS = 4096
 REFUSED: Mapping[str, Mapping[str, str]] = {
     "chat": {},
     "responses": {
-        "n": "one answer per request (run more samples instead)",
+        "n": "one answer per request: run more samples instead",
         "seed": "the Responses API has no seed",
         "stop": "the Responses API has no stop sequences",
         "presence_penalty": "the Responses API has no presence penalty",
@@ -64,7 +64,7 @@ REFUSED: Mapping[str, Mapping[str, str]] = {
         "web_search_options": "use a web_search tool",
     },
     "anthropic": {
-        "n": "one answer per request (run more samples instead)",
+        "n": "one answer per request: run more samples instead",
         "seed": "the Messages API has no seed",
         "presence_penalty": "the Messages API has no presence penalty",
         "frequency_penalty": "the Messages API has no frequency penalty",

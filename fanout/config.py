@@ -532,9 +532,9 @@ class _Checker:
         refused = refused_param(api, params)
         if refused is not None:
             name_, why = refused
-            source = "api" if "api" in raw else "[endpoint] api"
-            raise self.fail(f"{where} params", f"{name_!r}: the {api} API ({source}) has no "
-                            f"such parameter ({why})")
+            source = "" if "api" in raw else ", from [endpoint] api"
+            raise self.fail(f"{where} params", f"{name_!r} is not a parameter of api "
+                            f"\"{api}\" ({why}{source})")
         overrides: dict[str, float | None] = {}
         if "deadlines" in raw:
             if not isinstance(raw["deadlines"], dict):

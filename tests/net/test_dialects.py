@@ -287,7 +287,7 @@ async def test_the_key_never_shows(upstream: RunningUpstream, api: str, where: s
 
 @pytest.mark.parametrize(("api", "params", "message"), [
     ("anthropic", {"n": 2}, "stream 's': the anthropic API has no parameter 'n' (one answer "
-     "per request (run more samples instead))"),
+     "per request: run more samples instead)"),
     ("anthropic", {"presence_penalty": 0.5}, "stream 's': the anthropic API has no parameter "
      "'presence_penalty' (the Messages API has no presence penalty)"),
     ("responses", {"seed": 1}, "stream 's': the responses API has no parameter 'seed' (the "
