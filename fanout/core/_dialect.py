@@ -56,6 +56,7 @@ class DialectInterpreter:
         "_max_blocks",
         "_max_tool_calls",
         "_meta",
+        "_redacting",
         "_redactor",
         "_stream",
         "done",
@@ -76,6 +77,7 @@ class DialectInterpreter:
         self._stream = stream
         self._content_key = content_key
         self._redactor = redactor if redactor else _NO_REDACTION
+        self._redacting = bool(redactor)
         self._max_tool_calls = max_tool_calls
         self._max_blocks = max_blocks
         self._meta: tuple[Any, Any] = (None, None)
@@ -90,27 +92,31 @@ class DialectInterpreter:
         self.interpret_into(event, out)
         return out
 
-    def interpret_into(self, event: ServerSentEvent | str, out: list[CoreEvent]) -> None:
-        """Like ``interpret``, appending to ``out``.
+    def interpret_into(self, event: ServerSentEvent | str | tuple[str, str],
+                       out: list[CoreEvent]) -> None:
+        """Like ``interpret``, appending to ``out`` (the parser's hot path).
 
-        A plain ``str`` is the data of a ``message`` event.
+        A plain ``str`` is the data of a ``message`` event; a ``(data, name)``
+        pair, an event named ``name`` (``SSEDecoder``'s shortcuts).
         """
         if self.done:
             self.ignored_after_done += 1
             return
-        if type(event) is str:
+        if type(event) is tuple:
+            data, event_type = event
+        elif type(event) is str:
             data = event
             event_type = "message"
         else:
             data = event.data  # type: ignore[union-attr]
             event_type = event.event  # type: ignore[union-attr]
-        redactor = self._redactor
-        if redactor:
-            data = redactor.text(data)
-            event_type = redactor.text(event_type)
+        redacting = self._redacting
+        if redacting:
+            data = self._redactor.text(data)
+            event_type = self._redactor.text(event_type)
         if event_type == "error":
             try:
-                payload: Any = redactor.value(_loads_checked(data))
+                payload: Any = self._redactor.value(_loads_checked(data))
             except (ValueError, RecursionError):
                 payload = data
             self._report_error(payload, out)
@@ -129,21 +135,23 @@ class DialectInterpreter:
         if type(chunk) is not dict:
             self._skip(f"JSON {type(chunk).__name__}, not an object", data, out)
             return
-        if redactor and "\\u00" in data:  # a secret may hide behind JSON escapes
-            chunk = redactor.value(chunk)
+        if redacting and "\\u00" in data:  # a secret may hide behind JSON escapes
+            chunk = self._redactor.value(chunk)
         kind = chunk.get("type")
-        if type(kind) is not str:
-            kind = event_type if event_type != "message" else None
-            if kind is None:
-                if chunk.get("error"):
-                    self._report_error(chunk, out)
-                else:
-                    self._skip("an event with neither a type nor an event name", data, out)
-                return
-        handler = self._handlers.get(kind)
+        handler = self._handlers.get(kind) if type(kind) is str else None
         if handler is None:
-            self.ignored_events += 1
-            return
+            if type(kind) is not str:
+                kind = event_type if event_type != "message" else None
+                if kind is None:
+                    if chunk.get("error"):
+                        self._report_error(chunk, out)
+                    else:
+                        self._skip("an event with neither a type nor an event name", data, out)
+                    return
+                handler = self._handlers.get(kind)
+            if handler is None:
+                self.ignored_events += 1
+                return
         handler(chunk, data, out)
 
     # -- shared helpers -----------------------------------------------------------------

@@ -139,10 +139,17 @@ class AnthropicInterpreter(DialectInterpreter):
         }
 
     def _delta(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
-        block = self._block(chunk, "content_block_delta", data, out)
-        if block is None:
+        index = chunk.get("index")
+        block = self._blocks.get(index) if type(index) is int else None
+        if block is None or block.stopped:
+            self._block(chunk, "content_block_delta", data, out)  # says why it is skipped
             return
         delta = chunk.get("delta")
+        if type(delta) is dict and block.kind == "text" and delta.get("type") == "text_delta":
+            text = delta.get("text")  # the hot path
+            if text and type(text) is str:
+                out.append(TextDelta(0, text, self._stream, self._content_key))
+            return
         if type(delta) is not dict:
             self._skip(f"content_block_delta for block {block.index} without a delta object",
                        data, out)

@@ -15,7 +15,6 @@ from .chat import MAX_TOOL_CALLS, ChatChunkInterpreter, completion_events
 from .events import CoreEvent
 from .redact import Redactor
 from .responses import ResponsesInterpreter, responses_body_events
-from .sse import ServerSentEvent
 
 __all__ = ["DIALECTS", "Interpreter", "body_events", "check_api", "make_interpreter",
            "terminal_event"]
@@ -41,7 +40,9 @@ class Interpreter(Protocol):
     done: bool
     ignored_after_done: int
 
-    def interpret_into(self, event: ServerSentEvent | str, out: list[CoreEvent]) -> None: ...
+    def interpret_into(self, event: Any, out: list[CoreEvent]) -> None:
+        """``event``: a ``ServerSentEvent``, a ``str`` (a ``message`` event's data) or,
+        for the Responses and Anthropic dialects, a ``(data, name)`` pair."""
 
 
 def check_api(api: str) -> str:

@@ -95,6 +95,7 @@ class StreamParser:
         self.status: int | None = None
         self._redactor = Redactor(secrets)
         self._decoder = SSEDecoder(max_event_size=max_event_size)
+        self._decoder._pairs = api != "chat"  # the dialects read (data, name) pairs
         self._interpreter = make_interpreter(
             api, strict=strict, stream=stream, content_key=content_key, redactor=self._redactor,
             max_choices=max_choices, max_tool_calls=max_tool_calls,
@@ -256,7 +257,8 @@ class StreamParser:
             ignored_events=getattr(self._interpreter, "ignored_events", 0),
         )
 
-    def _interpret(self, sse_events: Sequence[ServerSentEvent | str]) -> list[CoreEvent]:
+    def _interpret(self, sse_events: Sequence[ServerSentEvent | str | tuple[str, str]]
+                   ) -> list[CoreEvent]:
         out: list[CoreEvent] = []
         if not sse_events:
             return out

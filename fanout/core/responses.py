@@ -145,8 +145,12 @@ class ResponsesInterpreter(DialectInterpreter):
 
     def _text(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
         text = chunk.get("delta")
-        if text and type(text) is str and self._content_item(chunk, "output_text.delta", data,
-                                                              out):
+        if not text or type(text) is not str:
+            return
+        item_id = chunk.get("item_id")
+        item = self._by_id.get(item_id) if type(item_id) is str else None
+        if (item is not None and not item.done and item.kind != "function_call") \
+                or self._content_item(chunk, "output_text.delta", data, out):
             out.append(TextDelta(0, text, self._stream, self._content_key))
 
     def _refusal(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
@@ -261,9 +265,12 @@ class ResponsesInterpreter(DialectInterpreter):
 
     def _arguments(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
         fragment = chunk.get("delta")
-        state = self._call(chunk, "function_call_arguments.delta", data, out)
-        if state is None:
-            return
+        item_id = chunk.get("item_id")
+        state = self._by_id.get(item_id) if type(item_id) is str else None
+        if state is None or state.done or state.kind != "function_call":
+            state = self._call(chunk, "function_call_arguments.delta", data, out)
+            if state is None:
+                return
         if fragment and type(fragment) is str:
             state.arguments.append(fragment)
             out.append(ToolCallDelta(0, state.tool_index, None, None, None, fragment,
