@@ -105,7 +105,7 @@ class ResponsesInterpreter(DialectInterpreter):
     """
 
     terminal: ClassVar[str] = "response.completed or response.incomplete"
-    __slots__ = ("_by_id", "_by_output", "_items", "_role", "_tools")
+    __slots__ = ("_by_id", "_by_output", "_content", "_items", "_role", "_tools")
 
     def __init__(self, *, strict: bool = False, stream: str = "", content_key: str = "",
                  redactor: Redactor | None = None, max_tool_calls: int = 128,
@@ -115,6 +115,7 @@ class ResponsesInterpreter(DialectInterpreter):
         self._items = 0
         self._tools = 0
         self._role = False
+        self._content = False  # a content delta (or a function call) was read
         super().__init__(strict=strict, stream=stream, content_key=content_key,
                          redactor=redactor, max_tool_calls=max_tool_calls,
                          max_blocks=max_blocks)
@@ -151,17 +152,20 @@ class ResponsesInterpreter(DialectInterpreter):
         item = self._by_id.get(item_id) if type(item_id) is str else None
         if (item is not None and not item.done and item.kind != "function_call") \
                 or self._content_item(chunk, "output_text.delta", data, out):
+            self._content = True
             out.append(TextDelta(0, text, self._stream, self._content_key))
 
     def _refusal(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
         text = chunk.get("delta")
         if text and type(text) is str and self._content_item(chunk, "refusal.delta", data, out):
+            self._content = True
             out.append(RefusalDelta(0, text, self._stream, self._content_key))
 
     def _reasoning(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
         text = chunk.get("delta")
         if text and type(text) is str and self._content_item(chunk, "reasoning delta", data,
                                                               out):
+            self._content = True
             out.append(ReasoningDelta(0, text, self._stream, self._content_key))
 
     def _content_item(self, chunk: dict[str, Any], what: str, data: str,
@@ -232,6 +236,7 @@ class ResponsesInterpreter(DialectInterpreter):
             out.append(ChoiceRole(0, role if role and type(role) is str else "assistant",
                                   self._stream, self._content_key))
         if kind == "function_call":
+            self._content = True
             state.tool_index = self._tools
             self._tools += 1
             arguments = _arguments_text(item.get("arguments"))
@@ -329,11 +334,13 @@ class ResponsesInterpreter(DialectInterpreter):
         if type(response) is not dict:
             response = {}
         self._info(response.get("id"), response.get("model"), out)
+        output = response.get("output")
+        if not self._content and output and type(output) is list:
+            self._replay(output, out)
         usage = response.get("usage")
         if usage and type(usage) is dict:
             out.append(UsageReported(responses_usage(usage), self._stream, self._content_key))
         if completed:
-            output = response.get("output")
             calls = self._tools > 0 or (type(output) is list and any(
                 type(item) is dict and item.get("type") == "function_call" for item in output))
             finish, native = ("tool_calls" if calls else "stop"), "completed"
@@ -346,6 +353,18 @@ class ResponsesInterpreter(DialectInterpreter):
                                   native_finish_reason=native))
         self.done = True
         out.append(DoneReceived(self._stream, self._content_key))
+
+    def _replay(self, output: list[Any], out: list[CoreEvent]) -> None:
+        """The terminal event's output, when no delta streamed any of it (a relay that
+        sends only the lifecycle events): read as the deltas would have been."""
+        replay = ResponsesInterpreter(stream=self._stream, content_key=self._content_key,
+                                      max_tool_calls=self._max_tool_calls,
+                                      max_blocks=self._max_blocks)
+        replay._role = self._role
+        for frame in _output_frames(output):
+            replay._handlers[frame["type"]](frame, "", out)
+        self._tools = replay._tools
+        self._role = replay._role
 
     def _failed(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
         response = chunk.get("response")
@@ -418,17 +437,29 @@ def responses_body_events(payload: Any, stream: str = "", content_key: str = "",
                              _compact(payload), stream, content_key)]
     interpreter = ResponsesInterpreter(stream=stream, content_key=content_key)
     out: list[CoreEvent] = []
-    frames: list[dict[str, Any]] = [{"type": "response.created", "response": payload}]
-    for position, item in enumerate(payload["output"]):
+    frames = [{"type": "response.created", "response": payload}, *_output_frames(payload["output"])]
+    status = payload.get("status")
+    if status in ("completed", "incomplete", "failed"):
+        frames.append({"type": f"response.{status}", "response": payload})
+    for frame in frames:
+        interpreter.interpret_into(ServerSentEvent(json.dumps(frame)), out)
+    return out
+
+
+def _output_frames(output: list[Any]) -> list[dict[str, Any]]:
+    """A ``response.output`` list as the events that would have streamed it."""
+    frames: list[dict[str, Any]] = []
+    for position, item in enumerate(output):
         if type(item) is not dict:
             continue
-        head = {"output_index": position, "item_id": item.get("id") or f"item_{position}"}
+        head = {"output_index": position, "item_id": _str_value(item.get("id"))
+                or f"item_{position}"}
         added = {**item, "id": head["item_id"]}
-        if added.get("type") == "function_call":
+        kind = item.get("type")
+        if kind == "function_call":
             added["arguments"] = ""
         frames.append({"type": "response.output_item.added", "output_index": position,
                        "item": added})
-        kind = item.get("type")
         parts: list[tuple[str, Any]] = []
         if kind == "message" and type(item.get("content")) is list:
             for part in item["content"]:
@@ -438,9 +469,8 @@ def responses_body_events(payload: Any, stream: str = "", content_key: str = "",
                     parts.append(("response.refusal.delta", part.get("refusal")))
         elif kind == "reasoning":
             for field in ("summary", "content"):
-                for part in item.get(field) or ():
-                    if type(part) is dict:
-                        parts.append(("response.reasoning_text.delta", part.get("text")))
+                parts.extend(("response.reasoning_text.delta", part.get("text"))
+                             for part in item.get(field) or () if type(part) is dict)
         elif kind == "function_call":
             parts.append(("response.function_call_arguments.delta",
                           _arguments_text(item.get("arguments"))))
@@ -448,12 +478,7 @@ def responses_body_events(payload: Any, stream: str = "", content_key: str = "",
         frames.append({"type": "response.output_item.done", "output_index": position,
                        "item": added if kind != "function_call" else {
                            **added, "arguments": _arguments_text(item.get("arguments"))}})
-    status = payload.get("status")
-    if status in ("completed", "incomplete", "failed"):
-        frames.append({"type": f"response.{status}", "response": payload})
-    for frame in frames:
-        interpreter.interpret_into(ServerSentEvent(json.dumps(frame)), out)
-    return out
+    return frames
 
 
 def _compact(value: Any) -> str:

@@ -391,3 +391,17 @@ def test_an_unknown_api_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="unknown api 'gemini': expected one of chat, "
                                          "responses, anthropic"):
         StreamParser(api="gemini")
+
+
+def test_output_only_in_the_terminal_event_is_read_when_nothing_streamed() -> None:
+    output = [{"id": "msg_1", "type": "message", "role": "assistant",
+               "content": [{"type": "output_text", "text": "whole answer"}]},
+              {"id": "fc_1", "type": "function_call", "call_id": "call_1", "name": "f",
+               "arguments": "[1]"}]
+    result = parse(created(), added(0), item_done(0), completed(output))
+    choice = result.choices[0]
+    assert (result.outcome, choice.text, choice.finish_reason, result.flags) == (
+        Outcome.COMPLETED, "whole answer", "tool_calls", ())
+    assert [(c.index, c.id, c.parsed) for c in choice.tool_calls] == [(0, "call_1", [1])]
+    streamed = parse(*hello("streamed")[:-1], completed(output))  # deltas came: no replay
+    assert (streamed.text, streamed.choices[0].tool_calls) == ("streamed", ())
