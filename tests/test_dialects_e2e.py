@@ -22,8 +22,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "config" / "default.toml")
 FANOUT = [sys.executable, "-m", "fanout.cli.main"]
-COMPLETING = ["writer", "writer-responses", "writer-anthropic", "thinker-responses",
-              "thinker-anthropic", "tools-responses", "tools-anthropic", "overloaded-anthropic"]
+COMPLETING = ["writer", "writer-responses", "writer-anthropic", "thinker", "thinker-chat",
+              "thinker-anthropic", "tools", "tools-chat", "tools-responses",
+              "overloaded-anthropic"]
 CUT = ["flaky", "flaky-responses", "flaky-anthropic"]
 
 
@@ -41,12 +42,11 @@ def test_the_demo_compares_across_dialects() -> None:
     config = fanout("compare", "hi", "--json", "--config", CONFIG)
     assert config.returncode == 0, config.stderr
     results = by_stream(config.stdout)
-    assert list(results) != [] and set(results) == {"writer", "thinker-responses",
-                                                     "tools-anthropic", "smollm2"}
+    assert set(results) == {"writer", "thinker", "tools", "smollm2"}
     assert {r["outcome"] for r in results.values()} == {"completed"}
-    thinker = results["thinker-responses"]["choices"][0]
+    thinker = results["thinker"]["choices"][0]
     assert thinker["reasoning"] and thinker["native_finish_reason"] == "max_output_tokens"
-    tools = results["tools-anthropic"]["choices"][0]
+    tools = results["tools"]["choices"][0]
     assert tools["finish_reason"] == "tool_calls" and tools["native_finish_reason"] == "tool_use"
     assert [c["name"] for c in tools["tool_calls"]] == ["get_weather", "get_time"]
 
@@ -137,7 +137,7 @@ def test_serve_fanout_on_every_dialect(serving: str) -> None:
         streamed = []
         with client.stream("POST", "/v1/fanout", json={**body, "stream": True,
                                                          "models": ["writer-anthropic",
-                                                                    "thinker-responses"]}
+                                                                    "thinker"]}
                            ) as response:
             for line in response.iter_lines():
                 if line.startswith("data: {"):
@@ -152,7 +152,7 @@ def test_serve_fanout_on_every_dialect(serving: str) -> None:
                         **dict.fromkeys(CUT, "truncated")}
     results = {r["stream"]: r for r in streamed if r["type"] == "result"}
     assert {k: r["outcome"] for k, r in results.items()} == {
-        "writer-anthropic": "completed", "thinker-responses": "completed"}
+        "writer-anthropic": "completed", "thinker": "completed"}
     assert any(r["type"] == "reasoning" for r in streamed)
     # the chat pass-through answers in chat whatever dialect the model speaks upstream
     assert relayed.status_code == 200
