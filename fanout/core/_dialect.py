@@ -138,7 +138,10 @@ class DialectInterpreter:
         if redacting and "\\u00" in data:  # a secret may hide behind JSON escapes
             chunk = self._redactor.value(chunk)
         kind = chunk.get("type")
-        handler = self._handlers.get(kind) if type(kind) is str else None
+        try:
+            handler = self._handlers.get(kind)
+        except TypeError:  # an unhashable type: a list, an object
+            handler = None
         if handler is None:
             if type(kind) is not str:
                 kind = event_type if event_type != "message" else None

@@ -145,7 +145,7 @@ class AnthropicInterpreter(DialectInterpreter):
             self._block(chunk, "content_block_delta", data, out)  # says why it is skipped
             return
         delta = chunk.get("delta")
-        if type(delta) is dict and block.kind == "text" and delta.get("type") == "text_delta":
+        if block.kind == "text" and type(delta) is dict and delta.get("type") == "text_delta":
             text = delta.get("text")  # the hot path
             if text and type(text) is str:
                 out.append(TextDelta(0, text, self._stream, self._content_key))

@@ -182,6 +182,7 @@ class SSEDecoder:
         events: list[ServerSentEvent | str | tuple[str, str]] = []
         limit = self.max_event_size
         plain = not self.last_event_id  # a bare str carries no id
+        pairs = self._pairs
         for block in blocks:
             if (
                 not self._field_seen
@@ -198,7 +199,7 @@ class SSEDecoder:
                 # `event: NAME` then one `data: ` line: the Responses and Anthropic events.
                 head, sep, value = block.partition("\ndata: ")
                 if sep and "\n" not in value and "\n" not in head:
-                    if plain and self._pairs:
+                    if pairs and plain:
                         events.append((value, head[7:] or "message"))
                     else:
                         events.append(ServerSentEvent(value, head[7:] or "message",
