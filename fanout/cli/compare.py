@@ -184,7 +184,7 @@ class _Session:
                                       tools=self.tools_for(m), api=m.api)
                         for m in self.models]
             now = trio.current_time()
-            self.columns = [Column(m.name, m.id if m.api == "chat" else f"{m.id} · {m.api}",
+            self.columns = [Column(m.name, m.id if m.api == "chat" else f"{m.api}: {m.id}",
                                    started=now, expected_choices=_choices(m))
                             for m in self.models]
             self.by_key = {c.key: c for c in self.columns}
