@@ -29,9 +29,10 @@ A Messages stream frames its content in blocks and is complete only with
   ``type`` and ``code`` are the error's type (``overloaded_error``).
 
 A ``content_block_start`` for an index already started: the very same block
-again (same type and id) is counted in ``ignored_events``; a different one
-replaces it (the first keeps what it had, later deltas go to the new one), so
-two tools' arguments are never merged.  A tool ``input`` given whole in
+again (same type and id, still open; or the same tool id, even after its stop)
+is counted in ``ignored_events``, so a repeated start never runs a tool twice;
+a different one replaces it (the first keeps what it had, later deltas go to
+the new one), so two tools' arguments are never merged.  A tool ``input`` given whole in
 ``content_block_start`` is used as its arguments; ``input_json_delta`` for such
 a block is then skipped.
 
@@ -214,8 +215,8 @@ class AnthropicInterpreter(DialectInterpreter):
         block_id = _str_value(content.get("id"))
         known = self._blocks.get(index)
         if known is not None and known.kind == kind and known.id == block_id \
-                and not known.stopped:
-            self.ignored_events += 1  # the same block announced again
+                and (not known.stopped or block_id is not None):
+            self.ignored_events += 1  # the same block (the same tool) announced again
             return
         if self._opened >= self._max_blocks:
             self._skip(f"block {index} would be more than {self._max_blocks} content blocks",

@@ -295,9 +295,20 @@ def test_a_repeated_block_start_is_ignored_a_different_one_replaces_without_merg
 def test_an_index_reused_after_its_stop_opens_a_new_block() -> None:
     frames = [start(), block_start(0), text(0, "see: "), stop(0),
               block_start(0, "tool_use", id="t", name="f", input={}), json_delta(0, "[1]"),
-              stop(0), message_delta("tool_use"), END]
+              stop(0), block_start(0), text(0, " done"), stop(0),
+              message_delta("tool_use"), END]
     result = parse(*frames)
-    assert (result.text, [c.parsed for c in result.choices[0].tool_calls]) == ("see: ", [[1]])
+    assert (result.text, [c.parsed for c in result.choices[0].tool_calls]) == (
+        "see:  done", [[1]])
+
+
+def test_the_same_tool_started_again_after_its_stop_is_not_a_second_call() -> None:
+    tool = block_start(0, "tool_use", id="t", name="f", input={})
+    result = parse(start(), tool, json_delta(0, "[1]"), stop(0), tool, json_delta(0, "[1]"),
+                   stop(0), message_delta("tool_use"), END)
+    assert [(c.id, c.parsed) for c in result.choices[0].tool_calls] == [("t", [1])]
+    # ignored: the start and the stop again; skipped: the fragment after the stop
+    assert (result.ignored_events, result.skipped_frames) == (2, 1)
 
 
 def test_tool_arguments_split_mid_escape_on_every_split() -> None:
