@@ -86,7 +86,8 @@ _TYPES: dict[type[Any], str] = {
     UsageReported: "usage",
     ErrorReported: "error",
     FrameSkipped: "skipped",
-    DoneReceived: "done_marker",  # `[DONE]` arrived; whether the stream completed: `result`
+    DoneReceived: "done_marker",  # `[DONE]` (or the dialect's terminal event) arrived;
+    # whether the stream completed: `result`
     StreamStarted: "started",
     StreamRetrying: "retrying",
     StreamFinished: "result",
@@ -97,9 +98,10 @@ def event_record(event: Event) -> dict[str, Any]:
     """``{"type": ..., "stream": ..., <the event's fields>, "content_key": ...}``.
 
     ``type`` is always the record's type (``tool_call``, ``error``, ...): an inner
-    type is ``tool_type`` or ``error_type``.  ``done_marker`` says ``[DONE]``
-    arrived, nothing more (a cut stream gets one too); a ``StreamFinished`` becomes
-    the stream's ``result`` record, which says how it ended.
+    type is ``tool_type`` or ``error_type``.  ``done_marker`` says ``[DONE]`` (or the
+    dialect's terminal event: ``response.completed`` / ``response.incomplete``,
+    ``message_stop``) arrived, nothing more (a cut stream gets one too); a
+    ``StreamFinished`` becomes the stream's ``result`` record, which says how it ended.
     """
     if isinstance(event, StreamFinished):
         return {"type": "result", **result_record(event.result)}
