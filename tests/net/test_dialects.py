@@ -434,3 +434,55 @@ def test_anthropic_tool_arguments_must_be_an_object() -> None:
         StreamRequest("s", "m", bad, api="anthropic")
     assert StreamRequest("s", "m", bad, api="responses").body()["input"][0]["arguments"] == (
         "[1, 2]")
+
+
+# ---------------------------------------------------------------- every fault, every dialect
+
+FAULTS = ["fault/truncate", "fault/truncate:0", "fault/no-done", "fault/drop-chunked",
+          "fault/stall:3", "fault/heartbeat-stall:3", "fault/slow-first-token:0.05",
+          "fault/garbage", "fault/error-event", "fault/429:1", "fault/500-then-ok",
+          "fault/503-then-ok", "fault/529-then-ok", "fault/overloaded", "fault/busy:1",
+          "fault/empty-200", "fault/empty-stop", "fault/html", "fault/json-body",
+          "fault/json-error-200", "fault/validation-500", "fault/400", "fault/gzip",
+          "fault/set-cookie", "fault/cut-before-content", "fault/no-response",
+          "fault/drip-headers:0.05", "fault/drip-body:0.05", "fault/endless:0.01",
+          "fault/pings:0.02", "mock/length"]
+
+
+@pytest.mark.parametrize("model", FAULTS)
+async def test_every_fault_ends_the_same_way_in_every_dialect(upstream: RunningUpstream,
+                                                              model: str) -> None:
+    """Outcome, deadline, flags, attempts (and their statuses), whether text came, and the
+    finish reason: the same whichever dialect carried the fault.  One dialect at a time,
+    so no stream's retry depends on the others running."""
+    deadlines = Deadlines(first_byte=1, idle=0.4, total=2)
+    retry = RetryPolicy(initial=0.01, maximum=0.02, max_retry_after=0.05)
+
+    def ending(result: StreamResult, api: str) -> tuple[Any, ...]:
+        choice = result.choices[0] if result.choices else None
+        finish = choice.finish_reason if choice else None
+        if model == "fault/no-done" and api == "responses":
+            assert finish is None  # the Responses API says why only in its terminal event
+            finish = "stop"
+        return (result.outcome, result.timed_out, result.flags, len(result.attempts),
+                [a.status for a in result.attempts], bool(choice and choice.text), finish)
+
+    endings = []
+    for api in APIS:
+        results, _ = await run(upstream, ask(model, api, deadlines=deadlines), retry=retry)
+        endings.append(ending(results[f"{model}/{api}"], api))
+    chat, responses, anthropic = endings
+    assert responses == chat
+    assert anthropic == chat
+
+
+async def test_a_refusal_in_each_dialect(upstream: RunningUpstream) -> None:
+    """Chat and Responses stream a refusal as its own field; Anthropic has none: its model
+    writes the refusal as text and stops with ``refusal`` (content_filter)."""
+    results, _ = await run(upstream, *(ask("mock/refusal", api) for api in APIS))
+    chat, responses, anthropic = (results[f"mock/refusal/{api}"].choices[0] for api in APIS)
+    assert chat.refusal and responses.refusal == chat.refusal and not chat.text
+    assert (chat.finish_reason, responses.finish_reason) == ("stop", "stop")
+    assert anthropic.text == chat.refusal and not anthropic.refusal
+    assert (anthropic.finish_reason, anthropic.native_finish_reason) == ("content_filter",
+                                                                         "refusal")
