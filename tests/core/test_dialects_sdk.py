@@ -218,3 +218,49 @@ def test_responses_text_before_its_item_is_fatal_to_the_sdk() -> None:
         sdk_response(body)
     result = parse_stream([body], api="responses")
     assert (result.outcome, result.text) == (Outcome.COMPLETED, "The weather in Paris")
+
+
+def _anthropic_events(*frames: dict[str, Any]) -> bytes:
+    return serialize([{"type": "message_start", "message": {
+        "id": "msg_1", "type": "message", "role": "assistant", "model": "m", "content": [],
+        "stop_reason": None, "usage": {"input_tokens": 1, "output_tokens": 1}}}, *frames,
+        {"type": "message_delta", "delta": {"stop_reason": "tool_use"},
+         "usage": {"output_tokens": 2}}, {"type": "message_stop"}])
+
+
+def _start(index: int, block: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "content_block_start", "index": index, "content_block": block}
+
+
+def _delta(index: int, delta: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "content_block_delta", "index": index, "delta": delta}
+
+
+TEXT_BLOCK = {"type": "text", "text": ""}
+TOOL_BLOCK = {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}
+
+
+def test_anthropic_blocks_out_of_order_lose_everything_in_the_sdk() -> None:
+    # The SDK appends blocks in arrival order and then addresses them by index.
+    body = _anthropic_events(
+        _start(1, TEXT_BLOCK), _start(0, TOOL_BLOCK),
+        _delta(1, {"type": "text_delta", "text": "xy"}),
+        _delta(0, {"type": "input_json_delta", "partial_json": '{"a": 1}'}),
+        {"type": "content_block_stop", "index": 1}, {"type": "content_block_stop", "index": 0})
+    message = sdk_message(body)  # no error, a complete-looking message, and nothing in it
+    assert (message.content[0].text, message.content[1].input, message.stop_reason) == (
+        "", {}, "tool_use")
+    result = parse_stream([body], api="anthropic")
+    assert (result.outcome, result.text, result.choices[0].tool_calls[0].parsed) == (
+        Outcome.COMPLETED, "xy", {"a": 1})
+
+
+def test_a_repeated_tool_start_is_a_second_call_in_the_sdk() -> None:
+    arguments = _delta(0, {"type": "input_json_delta", "partial_json": "[1]"})
+    stop = {"type": "content_block_stop", "index": 0}
+    body = _anthropic_events(_start(0, TOOL_BLOCK), arguments, stop,
+                             _start(0, TOOL_BLOCK), arguments, stop)
+    message = sdk_message(body)  # the same tool twice: a runner would call it twice
+    assert [(b.id, b.input) for b in message.content] == [("toolu_1", [1]), ("toolu_1", {})]
+    result = parse_stream([body], api="anthropic")
+    assert [(c.id, c.parsed) for c in result.choices[0].tool_calls] == [("toolu_1", [1])]
