@@ -117,3 +117,17 @@ def test_an_id_in_force_is_kept_on_named_events() -> None:
     raw = b"id: 3\ndata: a\n\nevent: b\ndata: c\n\n"
     assert decode_items([raw], pairs=True) == [ServerSentEvent("a", "message", "3"),
                                                ServerSentEvent("c", "b", "3")]
+
+
+@pytest.mark.parametrize("api", ["responses", "anthropic"])
+def test_an_event_too_large_stops_the_stream_with_the_output_before_it(api: str) -> None:
+    first = {"responses": {"type": "response.output_text.delta", "item_id": "m", "delta": "ok"},
+             "anthropic": {"type": "message_start", "message": {"id": "m", "role": "assistant"}}}
+    body = (f"event: {first[api]['type']}\ndata: {json.dumps(first[api])}\n\n"
+            f"event: x\ndata: {'y' * 500}\n\n").encode()
+    for chunks in ([body], [body[:150], body[150:]]):
+        result = parse_stream(chunks, api=api, max_event_size=400)
+        assert result.outcome is Outcome.ERROR
+        assert result.error is not None and result.error.code == "event_too_large"
+        assert result.events == 1
+        assert result.text == ("ok" if api == "responses" else "")
