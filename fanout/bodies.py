@@ -143,7 +143,7 @@ def _responses(model: str, messages: Sequence[Mapping[str, Any]], params: Mappin
     rest = dict(params)
     instructions = [str(rest.pop("instructions"))] if rest.get("instructions") else []
     items: list[Any] = []
-    for message in messages:
+    for index, message in enumerate(messages):
         role = message.get("role")
         content = message.get("content")
         if role == "system":
@@ -158,8 +158,7 @@ def _responses(model: str, messages: Sequence[Mapping[str, Any]], params: Mappin
             text = _text(content)
             if text:
                 items.append({"role": "assistant", "content": text})
-            for call in message.get("tool_calls") or ():
-                function = call.get("function") or {}
+            for call, function in _calls(message, f"messages[{index}]"):
                 items.append({"type": "function_call", "call_id": str(call.get("id", "")),
                               "name": str(function.get("name", "")),
                               "arguments": str(function.get("arguments") or "{}")})
@@ -175,12 +174,12 @@ def _responses(model: str, messages: Sequence[Mapping[str, Any]], params: Mappin
         body["max_output_tokens"] = limit
     effort = rest.pop("reasoning_effort", None)
     if effort is not None:
-        reasoning = dict(rest.pop("reasoning", None) or {})
+        reasoning = _table(rest.pop("reasoning", None), "reasoning")
         reasoning.setdefault("effort", effort)
         body["reasoning"] = reasoning
     response_format = rest.pop("response_format", None)
     if isinstance(response_format, Mapping):
-        shown = dict(rest.pop("text", None) or {})
+        shown = _table(rest.pop("text", None), "text")
         shown.setdefault("format", _text_format(response_format))
         body["text"] = shown
     if "tool_choice" in rest:
@@ -257,8 +256,9 @@ def _anthropic(model: str, messages: Sequence[Mapping[str, Any]], params: Mappin
             _append(turns, "user", [block], merge=True)
         elif role == "assistant":
             blocks = _anthropic_blocks(content)
-            for number, call in enumerate(message.get("tool_calls") or ()):
-                blocks.append(_tool_use(call, f"messages[{index}].tool_calls[{number}]"))
+            for number, (call, function) in enumerate(_calls(message, f"messages[{index}]")):
+                blocks.append(_tool_use(call, function,
+                                        f"messages[{index}].tool_calls[{number}]"))
             _append(turns, "assistant", blocks)
         else:
             merge = bool(turns) and turns[-1]["role"] == "user" and _has_results(turns[-1])
@@ -273,10 +273,12 @@ def _anthropic(model: str, messages: Sequence[Mapping[str, Any]], params: Mappin
         body["system"] = "\n\n".join(system)
     stop = rest.pop("stop", None)
     if stop is not None:
+        if not isinstance(stop, str | list | tuple):
+            raise ValueError(f"stop must be a string or a list of strings, not {stop!r:.40}")
         body["stop_sequences"] = [stop] if isinstance(stop, str) else list(stop)
     user = rest.pop("user", None)
     if user is not None:
-        metadata = dict(rest.pop("metadata", None) or {})
+        metadata = _table(rest.pop("metadata", None), "metadata")
         metadata.setdefault("user_id", user)
         body["metadata"] = metadata
     parallel = rest.pop("parallel_tool_calls", None)
@@ -339,8 +341,8 @@ def _image_source(url: str) -> dict[str, Any]:
     return {"type": "url", "url": url}
 
 
-def _tool_use(call: Mapping[str, Any], where: str) -> dict[str, Any]:
-    function = call.get("function") or {}
+def _tool_use(call: Mapping[str, Any], function: Mapping[str, Any], where: str
+              ) -> dict[str, Any]:
     arguments = function.get("arguments") or "{}"
     try:
         parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
@@ -375,6 +377,32 @@ def _anthropic_tool_choice(choice: Any) -> dict[str, Any] | None:
 
 
 # ---------------------------------------------------------------- shared
+
+def _calls(message: Mapping[str, Any], where: str
+           ) -> list[tuple[Mapping[str, Any], Mapping[str, Any]]]:
+    """An assistant message's tool calls with their ``function`` objects; ``ValueError``
+    naming the one that is not shaped as a chat tool call."""
+    calls = message.get("tool_calls") or []
+    if not isinstance(calls, list | tuple):
+        raise ValueError(f"{where}.tool_calls: must be a list of tool calls")
+    checked = []
+    for number, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(function, Mapping):
+            raise ValueError(f"{where}.tool_calls[{number}]: must be an object with a "
+                             "\"function\" object")
+        checked.append((call, function))
+    return checked
+
+
+def _table(value: Any, name: str) -> dict[str, Any]:
+    """A params table fanout adds a key to (``reasoning``, ``text``, ``metadata``)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{name} must be an object, not {value!r:.40}")
+    return dict(value)
+
 
 def _pop_limit(params: dict[str, Any]) -> Any:
     """``max_completion_tokens`` (chat's current name), else ``max_tokens``; both removed."""

@@ -14,6 +14,8 @@ from typing import Any
 import httpx
 import pytest
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fanout import (
     Deadlines,
@@ -486,3 +488,39 @@ async def test_a_refusal_in_each_dialect(upstream: RunningUpstream) -> None:
     assert anthropic.text == chat.refusal and not anthropic.refusal
     assert (anthropic.finish_reason, anthropic.native_finish_reason) == ("content_filter",
                                                                          "refusal")
+
+
+# ---------------------------------------------------------------- any input: a body or a ValueError
+
+_scalars = st.none() | st.booleans() | st.integers(-5, 5) | st.text(max_size=8)
+_json = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=3)
+                     | st.dictionaries(st.sampled_from(
+                         ["type", "text", "function", "name", "arguments", "id", "image_url",
+                          "url", "content", "role"]), inner, max_size=4), max_leaves=12)
+_messages = st.lists(st.fixed_dictionaries(
+    {"role": st.sampled_from(["system", "developer", "user", "assistant", "tool", "x"])},
+    optional={"content": _json, "tool_calls": _json, "tool_call_id": _json}), min_size=1,
+    max_size=4)
+_params = st.dictionaries(st.sampled_from(
+    ["temperature", "max_tokens", "max_completion_tokens", "stop", "user", "metadata",
+     "tool_choice", "parallel_tool_calls", "reasoning_effort", "reasoning", "response_format",
+     "text", "instructions", "system", "top_k"]), _json, max_size=4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(api=st.sampled_from(DIALECTS), messages=_messages, params=_params)
+def test_any_request_builds_a_body_or_says_why(api: str, messages: list[dict[str, Any]],
+                                               params: dict[str, Any]) -> None:
+    """Untrusted messages and params (a service's clients send them): a JSON body in the
+    dialect's shape, or a ValueError, never another exception."""
+    try:
+        body = build_body(api, "m", messages, params, TOOLS)
+    except ValueError:
+        return
+    json.dumps(body)
+    assert body["stream"] is True and body["model"] == "m"
+    if api == "anthropic":  # only the two roles the Messages API takes
+        assert {turn["role"] for turn in body["messages"]} <= {"user", "assistant"}
+        assert "max_tokens" in body
+    else:
+        assert "messages" not in body and isinstance(body["input"], list)
