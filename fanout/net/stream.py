@@ -19,6 +19,10 @@ forever.
 Everything the server sends reaches the result through the attempt's
 ``StreamParser``, which redacts the endpoint's key (body, error bodies,
 headers, and the errors recorded here).
+
+The stream's dialect (``StreamRequest.api``, else ``Endpoint.api``) picks the
+URL, the headers that carry the key (``Endpoint.auth_headers``), the body
+(``StreamRequest.body``, built once) and the parser's interpreter.
 """
 
 from __future__ import annotations
