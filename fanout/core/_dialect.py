@@ -24,7 +24,7 @@ strict mode.  Every string passes the stream's ``Redactor`` first.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from .._exceptions import MalformedFrame
@@ -156,6 +156,37 @@ class DialectInterpreter:
                 self.ignored_events += 1
                 return
         handler(chunk, data, out)
+
+    def interpret_all(self, events: Sequence[ServerSentEvent | str | tuple[str, str]],
+                      out: list[CoreEvent]) -> None:
+        """``interpret_into`` for each event in order (the parser's hot path).
+
+        The common case (a ``(data, name)`` pair whose data is a JSON object of
+        a known type, no secrets to redact) is read here without a call per
+        event; every other event goes through ``interpret_into``.
+        """
+        if self._redacting:
+            for event in events:
+                self.interpret_into(event, out)
+            return
+        handlers = self._handlers
+        loads = _json.loads
+        for event in events:
+            if type(event) is tuple and not self.done:
+                data, name = event
+                if name != "error":
+                    try:
+                        chunk = loads(data)
+                    except (ValueError, RecursionError):
+                        pass
+                    else:
+                        if type(chunk) is dict:
+                            kind = chunk.get("type")
+                            handler = handlers.get(kind) if type(kind) is str else None
+                            if handler is not None:
+                                handler(chunk, data, out)
+                                continue
+            self.interpret_into(event, out)
 
     # -- shared helpers -----------------------------------------------------------------
 

@@ -180,17 +180,26 @@ class Accumulator:
         """Fold several events in, in order."""
         handlers = self._handlers
         choices = self._choices
-        for event in events:
-            if type(event) is TextDelta:  # the hot path, without a call
-                state = choices.get(event.choice)
-                if state is None:
-                    state = choices[event.choice] = _ChoiceState()
-                state.text.append(event.text)
-                self.content_events += 1
-                continue
-            handler = handlers.get(type(event))
-            if handler is not None:
-                handler(event)
+        texts = 0
+        last = None  # the choice of the last text, and its text list's append
+        append = None
+        try:
+            for event in events:
+                if type(event) is TextDelta:  # the hot path, without a call
+                    if event.choice is not last or append is None:
+                        state = choices.get(event.choice)
+                        if state is None:
+                            state = choices[event.choice] = _ChoiceState()
+                        append = state.text.append
+                        last = event.choice
+                    append(event.text)
+                    texts += 1
+                    continue
+                handler = handlers.get(type(event))
+                if handler is not None:
+                    handler(event)
+        finally:
+            self.content_events += texts
 
     def _choice(self, index: int) -> _ChoiceState:
         state = self._choices.get(index)

@@ -45,8 +45,10 @@ Usage: ``prompt_tokens`` = ``input_tokens`` + ``cache_creation_input_tokens`` +
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any, ClassVar, final
 
+from . import _json
 from ._dialect import (
     DialectInterpreter,
     Handler,
@@ -138,6 +140,42 @@ class AnthropicInterpreter(DialectInterpreter):
             "ping": _nothing,
             "error": self._report,
         }
+
+    def interpret_all(self, events: Sequence[ServerSentEvent | str | tuple[str, str]],
+                      out: list[CoreEvent]) -> None:
+        """``interpret_into`` for each event in order (the parser's hot path): a text
+        delta to an open text block, nearly every event, is read without a call."""
+        if self._redacting:
+            super().interpret_all(events, out)
+            return
+        loads = _json.loads
+        handlers = self._handlers
+        blocks = self._blocks
+        stream, key = self._stream, self._content_key
+        for event in events:
+            if type(event) is tuple and not self.done and event[1] != "error":
+                data = event[0]
+                try:
+                    chunk = loads(data)
+                except (ValueError, RecursionError):
+                    chunk = None
+                if type(chunk) is dict:
+                    kind = chunk.get("type")
+                    if kind == "content_block_delta":
+                        index = chunk.get("index")
+                        block = blocks.get(index) if type(index) is int else None
+                        delta = chunk.get("delta")
+                        if block is not None and block.kind == "text" and not block.stopped \
+                                and type(delta) is dict and delta.get("type") == "text_delta":
+                            text = delta.get("text")
+                            if text and type(text) is str:
+                                out.append(TextDelta(0, text, stream, key))
+                            continue
+                    handler = handlers.get(kind) if type(kind) is str else None
+                    if handler is not None:
+                        handler(chunk, data, out)
+                        continue
+            self.interpret_into(event, out)
 
     def _delta(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
         index = chunk.get("index")

@@ -61,6 +61,7 @@ class StreamParser:
         "_api",
         "_closed",
         "_decoder",
+        "_interpret_all",
         "_interpreter",
         "_redactor",
         "_sse_events",
@@ -105,6 +106,7 @@ class StreamParser:
             require_finish_reason=require_finish_reason, expect_choices=expect_choices,
             expect_usage=expect_usage, terminal=terminal,
         )
+        self._interpret_all = getattr(self._interpreter, "interpret_all", None)
         self._sse_events = 0
         self._stopped = False
         self._closed = False
@@ -263,10 +265,14 @@ class StreamParser:
         if not sse_events:
             return out
         self._sse_events += len(sse_events)
-        interpret_into = self._interpreter.interpret_into
+        interpret_all = self._interpret_all
         try:
-            for sse_event in sse_events:
-                interpret_into(sse_event, out)
+            if interpret_all is not None:  # the Responses and Anthropic interpreters
+                interpret_all(sse_events, out)
+            else:
+                interpret_into = self._interpreter.interpret_into
+                for sse_event in sse_events:
+                    interpret_into(sse_event, out)
         except MalformedFrame as exc:
             self._accumulator.extend(out)
             self._stop(exc)

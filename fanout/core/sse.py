@@ -183,32 +183,32 @@ class SSEDecoder:
         limit = self.max_event_size
         plain = not self.last_event_id  # a bare str carries no id
         pairs = self._pairs
+        fresh = not self._field_seen  # no field of this block came in an earlier read
         for block in blocks:
-            if (
-                not self._field_seen
-                and block.startswith("data: ")
-                and "\n" not in block
-                and len(block) <= limit
-            ):
-                if plain:
-                    events.append(block[6:])
-                else:
-                    events.append(ServerSentEvent(block[6:], "message", self.last_event_id))
-                continue
-            if block.startswith("event: ") and not self._field_seen and len(block) <= limit:
-                # `event: NAME` then one `data: ` line: the Responses and Anthropic events.
-                head, sep, value = block.partition("\ndata: ")
-                if sep and "\n" not in value and "\n" not in head:
-                    if pairs and plain:
-                        events.append((value, head[7:] or "message"))
-                    else:
-                        events.append(ServerSentEvent(value, head[7:] or "message",
-                                                      self.last_event_id))
-                    continue
+            if fresh and len(block) <= limit:
+                if block.startswith("data: "):
+                    if "\n" not in block:
+                        if plain:
+                            events.append(block[6:])
+                        else:
+                            events.append(ServerSentEvent(block[6:], "message",
+                                                          self.last_event_id))
+                        continue
+                elif block.startswith("event: "):
+                    # `event: NAME` then one `data: ` line: the Responses and Anthropic events.
+                    head, sep, value = block.partition("\ndata: ")
+                    if sep and "\n" not in value and "\n" not in head:
+                        if pairs and plain:
+                            events.append((value, head[7:] or "message"))
+                        else:
+                            events.append(ServerSentEvent(value, head[7:] or "message",
+                                                          self.last_event_id))
+                        continue
             lines = block.split("\n")
             lines.append("")
             self._process(lines, events)
             plain = not self.last_event_id
+            fresh = not self._field_seen
         if tail:
             self._process(tail, events)
         if rest:
