@@ -164,7 +164,8 @@ def _mock(args: argparse.Namespace) -> int:
                 serve_upstream, args.host, args.port, key=args.key, cadence=args.cadence,
                 fragment=args.fragment, captures=[PACKAGED_CAPTURES, *args.captures]))
             print(running.base_url, flush=True)
-            print(f"fanout mock: {len(MODELS)} models and the captures as replay/<name>; "
+            print(f"fanout mock: {len(MODELS)} models and the captures as replay/<name>, on "
+                  "/chat/completions, /responses and /messages; "
                   f"key {'required' if args.key else 'not required'}; Ctrl-C stops",
                   file=sys.stderr, flush=True)
 
