@@ -31,6 +31,7 @@ from .core.events import StreamFinished as StreamFinished
 from .core.events import StreamRetrying as StreamRetrying
 from .core.events import StreamStarted as StreamStarted
 from .core.events import TextDelta as TextDelta
+from .core.events import ThinkingBlockFinished as ThinkingBlockFinished
 from .core.events import ToolCallDelta as ToolCallDelta
 from .core.events import UsageReported as UsageReported
 from .core.parser import StreamParser as StreamParser
@@ -41,6 +42,7 @@ from .core.result import Flag as Flag
 from .core.result import Outcome as Outcome
 from .core.result import StreamError as StreamError
 from .core.result import StreamResult as StreamResult
+from .core.result import ThinkingBlock as ThinkingBlock
 from .core.result import Timings as Timings
 from .core.result import ToolCall as ToolCall
 from .core.result import Usage as Usage
@@ -105,6 +107,8 @@ __all__ = [
     "StreamSnapshot",
     "StreamStarted",
     "TextDelta",
+    "ThinkingBlock",
+    "ThinkingBlockFinished",
     "Timings",
     "ToolCall",
     "ToolCallDelta",

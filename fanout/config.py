@@ -7,6 +7,7 @@ A config is TOML (read with the stdlib ``tomllib``)::
     api_key_env = "RELAY_API_KEY"           # the *name* of the variable holding the key
     headers = { "X-Title" = "fanout" }
     require_finish_reason = true            # false: [DONE] alone completes a stream
+    api = "chat"                            # or "responses", "anthropic": the dialect
 
     [deadlines]                             # seconds, or false to disable one;
     connect = 10                            # unset ones keep fanout's defaults
@@ -41,6 +42,7 @@ A config is TOML (read with the stdlib ``tomllib``)::
     params = { temperature = 0.2, max_tokens = 400 }
     deadlines = { first_token = 20 }        # over [deadlines]
     concurrency = 4                         # over [concurrency] per_model
+    api = "responses"                       # over [endpoint] api
     price = { input = 0.15, output = 0.60, cached_input = 0.075 }  # USD per 1M tokens
 
     [[scorers]]                             # ``--score NAME`` (fanout score, batch)
@@ -57,8 +59,10 @@ A config is TOML (read with the stdlib ``tomllib``)::
 
 Every key is checked: a typo, a wrong type, a negative deadline or a key
 variable that is not set is a ``ConfigError`` with one line naming the file
-and the key.  Without ``base_url``, ``OPENAI_BASE_URL`` is used; without
-``api_key_env``, ``OPENAI_API_KEY`` (if set).  The key itself never goes in
+and the key.  So is a parameter the model's dialect does not have
+(``n`` for an ``api = "anthropic"`` model, ...: see ``fanout.bodies``).
+Without ``base_url``, ``OPENAI_BASE_URL`` is used; without ``api_key_env``,
+``OPENAI_API_KEY`` (if set).  The key itself never goes in
 a config file, and no error ever prints a variable's value.
 """
 
@@ -78,6 +82,7 @@ from typing import TYPE_CHECKING, Any, final
 import attrs
 
 from ._exceptions import ConfigError
+from .bodies import APIS, refused_param
 from .eval.cost import Price
 from .request import Deadlines, Endpoint
 
@@ -146,6 +151,8 @@ class ModelConfig:
     #: USD per million tokens (``None``: no price; a cost is then known only when the
     #: relay reports one).
     price: Price | None = None
+    #: The dialect of its requests: its own ``api``, else ``[endpoint] api``, else chat.
+    api: str = "chat"
 
 
 #: A judge's own concurrency when its ``[[scorers]]`` entry sets none.
@@ -216,6 +223,8 @@ class Config:
     serve: ServeConfig = attrs.field(factory=ServeConfig)
     #: ``[[scorers]]``, in order.
     scorers: tuple[ScorerConfig, ...] = ()
+    #: ``[endpoint] api``: the dialect of models that do not set their own.
+    api: str = "chat"
 
     @property
     def embedded(self) -> bool:
@@ -231,7 +240,7 @@ class Config:
             if model.id == name:
                 return model
         if self.embedded and _is_embedded_model(name):
-            return ModelConfig(name=name, id=name)  # any embedded model, ad hoc
+            return ModelConfig(name=name, id=name, api=self.api)  # any embedded model, ad hoc
         known = ", ".join(m.name for m in self.models) or "none"
         hint = _did_you_mean(name, [m.name for m in self.models])
         raise ConfigError(f"{self.source}: no model named {name!r}{hint} (known: {known})")
@@ -293,7 +302,7 @@ class Config:
         else:
             key = env.get("OPENAI_API_KEY") or None
         return Endpoint(base_url, key, dict(self.headers),
-                        require_finish_reason=self.require_finish_reason)
+                        require_finish_reason=self.require_finish_reason, api=self.api)
 
 
 def find_config(explicit: str | os.PathLike[str] | None = None,
@@ -346,6 +355,7 @@ class _Checker:
     def __init__(self, source: str) -> None:
         self.source = source
         self.problems: list[str] = []
+        self.default_api = "chat"  # [endpoint] api, once read
 
     def fail(self, where: str, message: str) -> ConfigError:
         return ConfigError(f"{self.source}: {where}: {message}")
@@ -378,6 +388,7 @@ class _Checker:
         base_url = api_key_env = None
         headers: dict[str, str] = {}
         require_finish_reason, strict = True, False
+        api = "chat"
         deadlines = Deadlines()
         max_concurrency = per_model = None
         models: list[ModelConfig] = []
@@ -391,7 +402,10 @@ class _Checker:
         with self.section():
             endpoint = self.table(data, "endpoint")
             self.keys(endpoint, "[endpoint]",
-                      ("base_url", "api_key_env", "headers", "require_finish_reason"))
+                      ("base_url", "api_key_env", "headers", "require_finish_reason", "api"))
+            with self.section():
+                api = self.api(endpoint, "[endpoint]") or "chat"
+            self.default_api = api
             with self.section():
                 require_finish_reason = self.boolean(endpoint, "require_finish_reason",
                                                      "[endpoint]", True)
@@ -465,7 +479,18 @@ class _Checker:
             models=tuple(models), compare=tuple(compare_models), deadlines=deadlines,
             max_concurrency=max_concurrency, per_model_concurrency=per_model, strict=strict,
             require_finish_reason=require_finish_reason, batch=tuple(batch_models),
-            compare_tools=compare_tools, serve=serve, scorers=tuple(scorers))
+            compare_tools=compare_tools, serve=serve, scorers=tuple(scorers), api=api)
+
+    def api(self, table: Mapping[str, Any], where: str) -> str | None:
+        """``api``: one of the dialects, or None when the table does not set it."""
+        value = table.get("api")
+        if value is None:
+            return None
+        if not isinstance(value, str) or value not in APIS:
+            hint = _did_you_mean(value, APIS) if isinstance(value, str) else ""
+            raise self.fail(f"{where} api", f"must be one of {', '.join(map(repr, APIS))}, "
+                            f"not {_kind(value)}{hint}")
+        return value
 
     def boolean(self, table: Mapping[str, Any], key: str, where: str, default: bool) -> bool:
         value = table.get(key, default)
@@ -551,7 +576,7 @@ class _Checker:
                 if key in _PARAM_NAMES else ""
 
         self.keys(raw, where, ("name", "id", "params", "deadlines", "concurrency", "tools",
-                               "price"), hint)
+                               "price", "api"), hint)
         name = self.string(raw, "name", where, required=True)
         model_id = self.string(raw, "id", where, required=True)
         assert name is not None and model_id is not None
@@ -561,6 +586,13 @@ class _Checker:
         for reserved in _RESERVED_PARAMS:
             if reserved in params:
                 raise self.fail(f"{where} params", f"must not set {reserved!r}: fanout sets it")
+        api = self.api(raw, where) or self.default_api
+        refused = refused_param(api, params)
+        if refused is not None:
+            name_, why = refused
+            source = "" if "api" in raw else ", from [endpoint] api"
+            raise self.fail(f"{where} params", f"{name_!r} is not a parameter of api "
+                            f"\"{api}\" ({why}{source})")
         overrides: dict[str, float | None] = {}
         if "deadlines" in raw:
             if not isinstance(raw["deadlines"], dict):
@@ -572,7 +604,7 @@ class _Checker:
                            concurrency=self.count(raw, "concurrency", where),
                            deadline_overrides=overrides,
                            tools=self.tools(raw.get("tools"), f"{where} tools"),
-                           price=self.price(raw.get("price"), f"{where} price"))
+                           price=self.price(raw.get("price"), f"{where} price"), api=api)
 
     def price(self, value: Any, where: str) -> Price | None:
         """``price = { input = 2.50, output = 10.00, cached_input = 1.25 }``: USD per
@@ -676,8 +708,8 @@ class _Checker:
         if not isinstance(value, dict):
             raise self.fail(where, f"must be a table of strings, not {_kind(value)}")
         for name, header in value.items():
-            if name.lower() == "authorization":
-                raise self.fail(where, "must not carry Authorization: the key never goes in "
+            if name.lower() in ("authorization", "x-api-key"):
+                raise self.fail(where, f"must not carry {name}: the key never goes in "
                                 "a config file; name its variable in api_key_env")
             if not isinstance(header, str):
                 raise self.fail(f"{where} {name}", f"must be a string, not {_kind(header)}")

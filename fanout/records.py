@@ -29,10 +29,11 @@ from .core.events import (
     StreamRetrying,
     StreamStarted,
     TextDelta,
+    ThinkingBlockFinished,
     ToolCallDelta,
     UsageReported,
 )
-from .core.result import StreamError, StreamResult, Timings, Usage
+from .core.result import StreamError, StreamResult, ThinkingBlock, Timings, Usage
 
 __all__ = ["dumps", "dumps_bytes", "event_record", "metrics", "result_record",
            "tokens_per_second"]
@@ -81,10 +82,12 @@ _TYPES: dict[type[Any], str] = {
     RefusalDelta: "refusal",
     ToolCallDelta: "tool_call",
     ChoiceFinished: "finish",
+    ThinkingBlockFinished: "thinking_block",
     UsageReported: "usage",
     ErrorReported: "error",
     FrameSkipped: "skipped",
-    DoneReceived: "done_marker",  # `[DONE]` arrived; whether the stream completed: `result`
+    DoneReceived: "done_marker",  # `[DONE]` (or the dialect's terminal event) arrived;
+    # whether the stream completed: `result`
     StreamStarted: "started",
     StreamRetrying: "retrying",
     StreamFinished: "result",
@@ -95,9 +98,10 @@ def event_record(event: Event) -> dict[str, Any]:
     """``{"type": ..., "stream": ..., <the event's fields>, "content_key": ...}``.
 
     ``type`` is always the record's type (``tool_call``, ``error``, ...): an inner
-    type is ``tool_type`` or ``error_type``.  ``done_marker`` says ``[DONE]``
-    arrived, nothing more (a cut stream gets one too); a ``StreamFinished`` becomes
-    the stream's ``result`` record, which says how it ended.
+    type is ``tool_type`` or ``error_type``.  ``done_marker`` says ``[DONE]`` (or the
+    dialect's terminal event: ``response.completed`` / ``response.incomplete``,
+    ``message_stop``) arrived, nothing more (a cut stream gets one too); a
+    ``StreamFinished`` becomes the stream's ``result`` record, which says how it ended.
     """
     if isinstance(event, StreamFinished):
         return {"type": "result", **result_record(event.result)}
@@ -117,6 +121,8 @@ def event_record(event: Event) -> dict[str, Any]:
         record.update(attempt=event.attempt, status=event.status)
     elif isinstance(event, FrameSkipped):
         record.update(reason=event.reason, data=event.data[:200])
+    elif isinstance(event, ThinkingBlockFinished):
+        record.update(choice=event.choice, **_thinking(event.block))
     else:
         for field in attrs.fields(type(event)):
             if field.name not in ("stream", "content_key"):
@@ -146,6 +152,8 @@ def result_record(result: StreamResult) -> dict[str, Any]:
                 "reasoning": choice.reasoning,
                 "refusal": choice.refusal,
                 "finish_reason": choice.finish_reason,
+                "native_finish_reason": choice.native_finish_reason,
+                "thinking": [_thinking(block) for block in choice.thinking],
                 "tool_calls": [
                     {
                         "index": call.index, "id": call.id, "type": call.type,
@@ -171,6 +179,7 @@ def result_record(result: StreamResult) -> dict[str, Any]:
         ],
         "skipped_frames": result.skipped_frames,
         "skip_reasons": list(result.skip_reasons),
+        "ignored_events": result.ignored_events,
         "pending_event": result.pending_event,
         "all_choices_finished": result.all_choices_finished,
         "metrics": metrics(result),
@@ -241,6 +250,12 @@ def _usage(usage: Usage | None) -> dict[str, Any] | None:
         return None
     return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
             "total_tokens": usage.total_tokens}
+
+
+def _thinking(block: ThinkingBlock) -> dict[str, Any]:
+    # An Anthropic thinking block as the next request must send it back.
+    return {"index": block.index, "thinking": block.thinking, "signature": block.signature,
+            "redacted": block.redacted, "data": block.data}
 
 
 def _error(error: StreamError | None) -> dict[str, Any] | None:

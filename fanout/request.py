@@ -19,10 +19,13 @@ from typing import Any
 import attrs
 from attrs import validators as v
 
+from .bodies import APIS, build_body, check_api, refused_param
 from .core.redact import Redactor
 from .core.sse import DEFAULT_MAX_EVENT_SIZE
 
 __all__ = [
+    "ANTHROPIC_VERSION",
+    "APIS",
     "DEFAULT_MAX_RESPONSE_BYTES",
     "Deadlines",
     "Endpoint",
@@ -34,6 +37,12 @@ __all__ = [
 
 #: 64 MiB: an endless stream ends there with its output kept (a long answer is ~100 KiB).
 DEFAULT_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+
+#: The ``anthropic-version`` header sent to an Anthropic endpoint (its ``headers`` may override).
+ANTHROPIC_VERSION = "2023-06-01"
+
+#: Where each dialect's requests go, under the base URL.
+_PATHS = {"chat": "/chat/completions", "responses": "/responses", "anthropic": "/messages"}
 
 
 def _positive_or_none(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -59,6 +68,15 @@ def _messages(instance: object, attribute: attrs.Attribute[Any], value: Any) -> 
 
 def _base_url(url: object) -> str:
     return str(url).rstrip("/")
+
+
+def _api(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    check_api(value, attribute.name)
+
+
+def _optional_api(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None:
+        check_api(value, attribute.name)
 
 
 # Typed converters: with a bare ``tuple``/``dict`` converter, type checkers cannot
@@ -92,13 +110,19 @@ def _tools_tuple(value: Iterable[Mapping[str, Any]] | None
 
 @attrs.frozen
 class Endpoint:
-    """One OpenAI-compatible relay: a base URL ending in ``/v1`` and one key.
+    """One relay: a base URL ending in ``/v1``, one key, and the dialect it speaks.
 
     ``repr`` never shows the key; neither does anything fanout prints,
     records or raises.  ``require_finish_reason=False`` is for a relay known
     to omit finish reasons: its streams complete on ``[DONE]`` alone (flagged
     ``no_finish_reason``), where normally ``[DONE]`` without any finish reason
     is a cut stream (``truncated``).
+
+    ``api``: the dialect of its streams unless a request says otherwise:
+    ``"chat"`` (``POST {base_url}/chat/completions``, the key in
+    ``Authorization: Bearer``), ``"responses"`` (``/responses``, the same
+    header) or ``"anthropic"`` (``/messages``, the key in ``x-api-key`` with
+    ``anthropic-version: 2023-06-01``, which ``headers`` may override).
     """
 
     base_url: str = attrs.field(converter=_base_url)
@@ -106,18 +130,37 @@ class Endpoint:
                                       validator=v.optional(v.instance_of(str)))
     headers: Mapping[str, str] = attrs.field(factory=dict, converter=_str_dict)
     require_finish_reason: bool = attrs.field(default=True, validator=v.instance_of(bool))
+    api: str = attrs.field(default="chat", validator=_api)
 
     def __attrs_post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must start with http:// or https://, "
                              f"not {self.base_url!r}")
         for name in self.headers:
-            if name.lower() == "authorization":
-                raise ValueError("headers must not carry Authorization: pass api_key instead")
+            if name.lower() in ("authorization", "x-api-key"):
+                raise ValueError(f"headers must not carry {name}: pass api_key instead")
 
     @property
     def chat_url(self) -> str:
         return f"{self.base_url}/chat/completions"
+
+    def url(self, api: str | None = None) -> str:
+        """Where a stream of ``api`` (default: the endpoint's) is requested."""
+        return self.base_url + _PATHS[check_api(api or self.api)]
+
+    def auth_headers(self, api: str | None = None) -> dict[str, str]:
+        """The headers that carry the key (and the version) for ``api``'s requests.
+
+        The key goes only here: ``Authorization: Bearer`` for chat and
+        responses; ``x-api-key`` and ``anthropic-version`` for anthropic, never
+        an ``Authorization`` header (no key: none of them but the version).
+        """
+        if check_api(api or self.api) == "anthropic":
+            headers = {"anthropic-version": ANTHROPIC_VERSION}
+            if self.api_key:
+                headers["x-api-key"] = self.api_key
+            return headers
+        return {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     @property
     def secrets(self) -> tuple[str, ...]:
@@ -166,10 +209,12 @@ class RetryPolicy:
     """When and how a stream is tried again.
 
     Retried, only before an attempt delivered any content (after that a retry
-    would duplicate text and cost): connect errors, ``statuses``, and a 2xx
-    response that delivered nothing (an empty body, a cut before the first
-    token, ``[DONE]`` alone).  Final at once: any other 4xx, and a 5xx whose
-    body names a validation error (the same request fails the same way).
+    would duplicate text and cost): connect errors, ``statuses`` (529 is
+    Anthropic's "overloaded"), and a 2xx response that delivered nothing (an
+    empty body, a cut before the first token, ``[DONE]`` alone, an error event
+    such as Anthropic's ``overloaded_error`` before any content).  Final at
+    once: any other 4xx, and a 5xx whose body names a validation error (the
+    same request fails the same way).
     ``attempts`` counts the first try (1 disables retries); 429s may use all
     of them, every other failure at most ``failure_attempts`` (a broken server
     is not a busy one).  The wait is exponential (``initial`` doubling up to
@@ -185,7 +230,7 @@ class RetryPolicy:
     initial: float = attrs.field(default=0.5, validator=v.ge(0))
     maximum: float = attrs.field(default=8.0, validator=v.ge(0))
     statuses: frozenset[int] = attrs.field(
-        default=frozenset({408, 409, 429, 500, 502, 503, 504}), converter=_statuses)
+        default=frozenset({408, 409, 429, 500, 502, 503, 504, 529}), converter=_statuses)
     failure_attempts: int = attrs.field(default=3, validator=[v.instance_of(int), v.ge(1)])
     empty_responses: bool = True
     connect_errors: bool = True
@@ -226,10 +271,17 @@ class RetryPolicy:
 
 
 def content_key(base_url: str, model: str, messages: Sequence[Any],
-                params: Mapping[str, Any], tools: Sequence[Any] | None = None) -> str:
-    """A stable hash of what was asked (never of the key): equal requests, equal keys."""
-    blob = json.dumps([base_url, model, messages, params, tools or []], sort_keys=True,
-                      ensure_ascii=False, default=str)
+                params: Mapping[str, Any], tools: Sequence[Any] | None = None,
+                api: str = "chat") -> str:
+    """A stable hash of what was asked (never of the key): equal requests, equal keys.
+
+    The dialect is part of it (a chat key is what it was before dialects):
+    the same question asked through another API is another request.
+    """
+    parts: list[Any] = [base_url, model, messages, params, tools or []]
+    if api != "chat":
+        parts.append(api)
+    blob = json.dumps(parts, sort_keys=True, ensure_ascii=False, default=str)
     # surrogatepass: a lone surrogate (valid in JSON text, "\ud800") hashes, never crashes
     return hashlib.sha256(blob.encode("utf-8", "surrogatepass")).hexdigest()[:20]
 
@@ -247,6 +299,11 @@ class StreamRequest:
     ``retry`` overrides the fan-out's retry policy for this stream.
     ``tags`` are the caller's labels (never sent, not in ``content_key``):
     ``fan.cancel_where(lambda r: "job-7" in r.tags)`` cancels a group.
+    ``api`` is the dialect (``"chat"``, ``"responses"``, ``"anthropic"``;
+    ``None``: the endpoint's): the same messages, params and tools are sent
+    in its shape (see ``fanout.bodies``); a parameter it does not have (``n``
+    for Anthropic, ...) is a ``ValueError`` here, or when the stream starts
+    on an endpoint whose dialect lacks it.
 
     Keys are strings, not any hashable: a key names the stream in every event,
     JSON record, results file and log line, and a tuple would not survive the
@@ -267,6 +324,7 @@ class StreamRequest:
     retry: RetryPolicy | None = attrs.field(default=None,
                                             validator=v.optional(v.instance_of(RetryPolicy)))
     tags: frozenset[str] = attrs.field(factory=frozenset, converter=_tags)
+    api: str | None = attrs.field(default=None, validator=_optional_api)
 
     def __attrs_post_init__(self) -> None:
         if not self.messages:
@@ -282,31 +340,52 @@ class StreamRequest:
             if reserved in self.params:
                 raise ValueError(f"stream {self.key!r}: params must not set {reserved!r}; "
                                  "it is a field of StreamRequest or set by fanout")
+        if self.api is not None:
+            self.check(self.api)
 
-    def body(self) -> dict[str, Any]:
-        """The JSON body of the HTTP request."""
-        body: dict[str, Any] = {"model": self.model, "messages": list(self.messages),
-                                "stream": True, "stream_options": {"include_usage": True}}
-        body.update(self.params)
-        if self.tools:
-            body["tools"] = list(self.tools)
-        return body
+    def api_for(self, endpoint: Endpoint) -> str:
+        """The dialect this request is sent in: its own, else the endpoint's."""
+        return self.api or endpoint.api
+
+    def check(self, api: str) -> None:
+        """``ValueError`` naming the stream and the parameter if ``api`` cannot carry it."""
+        refused = refused_param(check_api(api), self.params)
+        if refused is not None:
+            name, why = refused
+            raise ValueError(f"stream {self.key!r}: the {api} API has no parameter "
+                             f"{name!r} ({why})")
+        try:
+            build_body(api, self.model, self.messages, self.params, self.tools)
+        except ValueError as exc:
+            raise ValueError(f"stream {self.key!r}: {exc}") from None
+
+    def body(self, api: str | None = None) -> dict[str, Any]:
+        """The JSON body of the HTTP request, in ``api``'s dialect (default: the
+        request's own, else chat)."""
+        return build_body(api or self.api or "chat", self.model, self.messages, self.params,
+                          self.tools)
 
     @property
     def expected_choices(self) -> int:
-        """How many choices were asked for (``n``, default 1)."""
+        """How many choices were asked for (``n``, default 1; always 1 in the other
+        dialects, which have no ``n``)."""
+        if self.api not in (None, "chat"):
+            return 1
         n = self.params.get("n")
         return n if type(n) is int and n > 0 else 1
 
     @property
     def expects_usage(self) -> bool:
-        """Whether the request asks for a usage chunk (``stream_options.include_usage``)."""
-        options = self.body().get("stream_options")
+        """Whether the stream will report usage: asked for in chat
+        (``stream_options.include_usage``), always sent by the other dialects."""
+        if self.api not in (None, "chat"):
+            return True
+        options = self.body("chat").get("stream_options")
         return isinstance(options, Mapping) and bool(options.get("include_usage"))
 
     def content_key(self, endpoint: Endpoint) -> str:
         return content_key(endpoint.base_url, self.model, list(self.messages), self.params,
-                           list(self.tools or ()))
+                           list(self.tools or ()), self.api_for(endpoint))
 
 
 def _positive_int_or_none(instance: object, attribute: attrs.Attribute[Any], value: Any) -> None:

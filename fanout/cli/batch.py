@@ -138,7 +138,7 @@ class Work:
         return StreamRequest(self.key, self.model.id, self.prompt.messages,
                              {**self.model.params, **self.prompt.params},
                              deadlines=config.deadlines_for(self.model),
-                             tools=self.prompt.tools or self.model.tools)
+                             tools=self.prompt.tools or self.model.tools, api=self.model.api)
 
 
 def plan_work(prompts: Sequence[Prompt], models: Sequence[ModelConfig], samples: int,
@@ -157,7 +157,7 @@ def plan_work(prompts: Sequence[Prompt], models: Sequence[ModelConfig], samples:
         for model in models:
             params = {**model.params, **prompt.params}
             asked = content_key(where, model.id, list(prompt.messages), params,
-                                list(prompt.tools or model.tools or ()))
+                                list(prompt.tools or model.tools or ()), model.api)
             for sample in range(samples):
                 key = work_key(prompt.id, model.name, sample)
                 if shard is None or shard_of(key, shard[1]) == shard[0]:
@@ -347,6 +347,10 @@ def unsendable(prompts: Sequence[Prompt], models: Sequence[ModelConfig],
         messages, params = list(prompt.messages), dict(prompt.params)
         tools = list(prompt.tools or ())
         parts: list[Any] = [messages, params, tools]
+        refused = _refused(prompt, models)
+        if refused is not None:
+            problems.append(f"{name}:{prompt.line}: cannot be sent: {refused}")
+            continue
         if _encodes(parts):
             continue
         # What fanout itself does with it (the library may learn to send it).
@@ -357,6 +361,18 @@ def unsendable(prompts: Sequence[Prompt], models: Sequence[ModelConfig],
         except (UnicodeEncodeError, ValueError, TypeError):
             problems.append(f"{name}:{prompt.line}: cannot be sent: {_why_not(parts)}")
     return problems
+
+
+def _refused(prompt: Prompt, models: Sequence[ModelConfig]) -> str | None:
+    """Why a model's dialect cannot carry this prompt (a parameter it lacks), if it cannot."""
+    for model in models:
+        try:
+            StreamRequest("check", model.id, prompt.messages, {**model.params, **prompt.params},
+                          tools=prompt.tools or model.tools, api=model.api)
+        except ValueError as exc:
+            why = str(exc).removeprefix("stream 'check': ")
+            return f"model {model.name!r}: {why}"
+    return None
 
 
 def _encodes(value: Any) -> bool:

@@ -181,10 +181,11 @@ class _Session:
         async with open_endpoint(endpoint) as resolved:
             requests = [StreamRequest(m.name, m.id, self.messages, m.params,
                                       deadlines=self.config.deadlines_for(m),
-                                      tools=self.tools_for(m))
+                                      tools=self.tools_for(m), api=m.api)
                         for m in self.models]
             now = trio.current_time()
-            self.columns = [Column(m.name, m.id, started=now, expected_choices=_choices(m))
+            self.columns = [Column(m.name, m.id if m.api == "chat" else f"{m.api}: {m.id}",
+                                   started=now, expected_choices=_choices(m))
                             for m in self.models]
             self.by_key = {c.key: c for c in self.columns}
             async with open_fanout(

@@ -174,11 +174,14 @@ def _parser() -> argparse.ArgumentParser:
 
     mock = commands.add_parser(
         "mock", help="serve the embedded OpenAI-compatible upstream",
-        description="Serve the embedded OpenAI-compatible upstream: scripted models, faults "
-                    "and capture replay. Prints its base URL, serves until Ctrl-C.")
+        description="Serve the embedded upstream: scripted models, faults and capture "
+                    "replay, on POST /v1/chat/completions, /v1/responses and /v1/messages "
+                    "(every model on all three unless --list says otherwise). Prints its base "
+                    "URL, serves until Ctrl-C.")
     mock.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     mock.add_argument("--port", type=int, default=0, help="port (default: any free one)")
-    mock.add_argument("--key", help="require this bearer key (401 otherwise)")
+    mock.add_argument("--key", help="require this bearer key (x-api-key on /v1/messages; "
+                      "401 otherwise)")
     mock.add_argument("--cadence", type=float, metavar="SECONDS",
                       help="seconds between chunks for every model (default: per model)")
     mock.add_argument("--fragment", default="auto",
@@ -192,8 +195,10 @@ def _parser() -> argparse.ArgumentParser:
 def _mock(args: argparse.Namespace) -> int:
     if args.list:
         for spec in MODELS.values():
-            print(f"{spec.id:26} {spec.description}")
-        print(f"{'replay/<capture>':26} a recorded stream with its timing (:x0 = no delays):")
+            routes = "" if len(spec.apis) == 3 else " [/v1/chat/completions only]"
+            print(f"{spec.id:26} {spec.description}{routes}")
+        print(f"{'replay/<capture>':26} a recorded stream with its timing (:x0 = no delays; "
+              "on /v1/responses and /v1/messages a chat capture is said in their events):")
         for name, path in sorted(find_captures([PACKAGED_CAPTURES, *args.captures]).items()):
             capture = Capture.load(path)
             print(f"  {'replay/' + name:36} HTTP {capture.status}, {len(capture.body):,} bytes")
@@ -221,7 +226,8 @@ def _mock(args: argparse.Namespace) -> int:
                 serve_upstream, args.host, args.port, key=args.key, cadence=args.cadence,
                 fragment=args.fragment, captures=[PACKAGED_CAPTURES, *args.captures]))
             print(running.base_url, flush=True)
-            print(f"fanout mock: {len(MODELS)} models and the captures as replay/<name>; "
+            print(f"fanout mock: {len(MODELS)} models and the captures as replay/<name>, on "
+                  "/chat/completions, /responses and /messages; "
                   f"key {'required' if args.key else 'not required'}; Ctrl-C stops",
                   file=sys.stderr, flush=True)
 

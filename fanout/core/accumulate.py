@@ -13,11 +13,12 @@ is fine).  Tool calls are keyed by (choice, tool index):
   and validated against the function's JSON Schema when the request's
   ``tools`` were given (violations are recorded, never raised).
 
-The outcome is ``completed`` only when ``[DONE]`` arrived and at least one
-choice got a finish reason (``require_finish_reason=False`` accepts
-``[DONE]`` alone, for a relay known to omit finish reasons; the result is
-then flagged ``no_finish_reason``).  Every other outcome gets a one-line
-``reason``; a completed result that looks wrong gets ``Flag`` codes.
+The outcome is ``completed`` only when ``[DONE]`` (or the dialect's terminal
+event, named by ``terminal``) arrived and at least one choice got a finish
+reason (``require_finish_reason=False`` accepts ``[DONE]`` alone, for a relay
+known to omit finish reasons; the result is then flagged ``no_finish_reason``).
+Every other outcome gets a one-line ``reason``; a completed result that looks
+wrong gets ``Flag`` codes.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from .events import (
     RefusalDelta,
     ResponseInfo,
     TextDelta,
+    ThinkingBlockFinished,
     ToolCallDelta,
     UsageReported,
 )
@@ -47,6 +49,7 @@ from .result import (
     Outcome,
     StreamError,
     StreamResult,
+    ThinkingBlock,
     Timings,
     ToolCall,
     Usage,
@@ -70,9 +73,12 @@ class _ToolCallState:
 
 
 class _ChoiceState:
-    __slots__ = ("finish_reason", "last_tool", "reasoning", "refusal", "role", "text", "tools")
+    __slots__ = ("finish_reason", "last_tool", "native_finish_reason", "reasoning", "refusal",
+                 "role", "text", "thinking", "tools")
 
     def __init__(self) -> None:
+        self.native_finish_reason: str | None = None
+        self.thinking: list[ThinkingBlock] = []
         self.role: str | None = None
         self.text: list[str] = []
         self.reasoning: list[str] = []
@@ -110,6 +116,7 @@ class Accumulator:
         "skipped_frames",
         "stream",
         "system_fingerprint",
+        "terminal",
         "usage",
     )
 
@@ -122,8 +129,11 @@ class Accumulator:
         require_finish_reason: bool = True,
         expect_choices: int = 1,
         expect_usage: bool = False,
+        terminal: str = "[DONE]",
     ) -> None:
         self.stream = stream
+        #: The name of the event that completes the stream, for the reasons.
+        self.terminal = terminal
         self.content_key = content_key
         self.require_finish_reason = require_finish_reason
         #: What was asked (``n``; usage in ``stream_options``): fewer is flagged.
@@ -149,6 +159,7 @@ class Accumulator:
             RefusalDelta: self._refusal,
             ToolCallDelta: self._tool_call,
             ChoiceFinished: self._finished,
+            ThinkingBlockFinished: self._thinking,
             ChoiceRole: self._role,
             UsageReported: self._usage,
             ErrorReported: self._error,
@@ -169,17 +180,26 @@ class Accumulator:
         """Fold several events in, in order."""
         handlers = self._handlers
         choices = self._choices
-        for event in events:
-            if type(event) is TextDelta:  # the hot path, without a call
-                state = choices.get(event.choice)
-                if state is None:
-                    state = choices[event.choice] = _ChoiceState()
-                state.text.append(event.text)
-                self.content_events += 1
-                continue
-            handler = handlers.get(type(event))
-            if handler is not None:
-                handler(event)
+        texts = 0
+        last = None  # the choice of the last text, and its text list's append
+        append = None
+        try:
+            for event in events:
+                if type(event) is TextDelta:  # the hot path, without a call
+                    if event.choice is not last or append is None:
+                        state = choices.get(event.choice)
+                        if state is None:
+                            state = choices[event.choice] = _ChoiceState()
+                        append = state.text.append
+                        last = event.choice
+                    append(event.text)
+                    texts += 1
+                    continue
+                handler = handlers.get(type(event))
+                if handler is not None:
+                    handler(event)
+        finally:
+            self.content_events += texts
 
     def _choice(self, index: int) -> _ChoiceState:
         state = self._choices.get(index)
@@ -204,7 +224,12 @@ class Accumulator:
             state.role = event.role
 
     def _finished(self, event: ChoiceFinished) -> None:
-        self._choice(event.choice).finish_reason = event.finish_reason
+        state = self._choice(event.choice)
+        state.finish_reason = event.finish_reason
+        state.native_finish_reason = event.native_finish_reason
+
+    def _thinking(self, event: ThinkingBlockFinished) -> None:
+        self._choice(event.choice).thinking.append(event.block)
 
     def _tool_call(self, event: ToolCallDelta) -> None:
         self.content_events += 1
@@ -284,11 +309,11 @@ class Accumulator:
             return _one_line(status + error.message)
         if outcome is Outcome.TRUNCATED:
             if self.done:
-                return ("[DONE] arrived but no choice had a finish reason "
+                return (f"{self.terminal} arrived but no choice had a finish reason "
                         "(the server cut the stream)")
             if sse_events:
                 plural = "s" if sse_events != 1 else ""
-                where = f"after {sse_events} event{plural} without [DONE]"
+                where = f"after {sse_events} event{plural} without {self.terminal}"
                 if pending_event:
                     where += ", inside an unfinished event"
             else:
@@ -333,6 +358,8 @@ class Accumulator:
                 "".join(state.refusal),
                 state.finish_reason,
                 tuple(self._finish_call(state.tools[t]) for t in sorted(state.tools)),
+                state.native_finish_reason,
+                tuple(state.thinking),
             )
             for index, state in sorted(self._choices.items())
         )
@@ -347,6 +374,7 @@ class Accumulator:
         comments: int = 0,
         bytes_received: int = 0,
         ignored_after_done: int = 0,
+        ignored_events: int = 0,
         timed_out: str | None = None,
         attempts: tuple[Attempt, ...] = (),
         timings: Timings | None = None,
@@ -386,6 +414,7 @@ class Accumulator:
             comments=comments,
             bytes_received=bytes_received,
             ignored_after_done=ignored_after_done,
+            ignored_events=ignored_events,
             stream=self.stream,
             content_key=self.content_key,
             timed_out=timed_out,

@@ -14,7 +14,7 @@ from typing import TypeAlias
 
 import attrs
 
-from .result import StreamError, StreamResult, Usage
+from .result import StreamError, StreamResult, ThinkingBlock, Usage
 
 __all__ = [
     "CONTENT_EVENTS",
@@ -33,6 +33,7 @@ __all__ = [
     "StreamRetrying",
     "StreamStarted",
     "TextDelta",
+    "ThinkingBlockFinished",
     "ToolCallDelta",
     "UsageReported",
 ]
@@ -110,10 +111,31 @@ class ToolCallDelta:
 
 @attrs.frozen(slots=True)
 class ChoiceFinished:
-    """A choice's ``finish_reason``, exactly as sent (``length`` is not ``stop``)."""
+    """A choice's ``finish_reason``, exactly as sent (``length`` is not ``stop``).
+
+    For the Responses and Anthropic dialects ``finish_reason`` is mapped to the
+    chat vocabulary and ``native_finish_reason`` keeps the dialect's own word
+    (``end_turn``, ``max_output_tokens``); it is ``None`` for a chat stream.
+    """
 
     choice: int
     finish_reason: str
+    stream: str = ""
+    content_key: str = ""
+    native_finish_reason: str | None = None
+
+
+@attrs.frozen(slots=True)
+class ThinkingBlockFinished:
+    """An Anthropic ``thinking`` / ``redacted_thinking`` block ended (``content_block_stop``).
+
+    Its text already arrived as ``ReasoningDelta`` events; this carries the
+    block whole with its ``signature`` (or the opaque data of a redacted block),
+    which a client needs to continue the conversation.
+    """
+
+    choice: int
+    block: ThinkingBlock
     stream: str = ""
     content_key: str = ""
 
@@ -151,7 +173,8 @@ class FrameSkipped:
 
 @attrs.frozen(slots=True)
 class DoneReceived:
-    """``data: [DONE]`` arrived: the stream is complete."""
+    """``data: [DONE]`` arrived, or the dialect's terminal event (``response.completed``
+    or ``response.incomplete``; ``message_stop``): the stream is complete."""
 
     stream: str = ""
     content_key: str = ""
@@ -204,6 +227,7 @@ CoreEvent: TypeAlias = (
     | RefusalDelta
     | ToolCallDelta
     | ChoiceFinished
+    | ThinkingBlockFinished
     | UsageReported
     | ErrorReported
     | FrameSkipped

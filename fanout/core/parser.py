@@ -1,8 +1,10 @@
-"""One stream's whole sans-I/O pipeline: bytes → SSE events → chat events → result.
+"""One stream's whole sans-I/O pipeline: bytes → SSE events → normalized events → result.
 
 ``StreamParser`` is what the I/O layer drives (one per stream attempt) and
 what ``parse_stream`` runs over a finished byte sequence.  It owns one
-``SSEDecoder``, one ``ChatChunkInterpreter`` and one ``Accumulator``.
+``SSEDecoder``, one interpreter of the stream's dialect (``api``: chat
+completions, the Responses API, Anthropic Messages; see ``dialects.py``) and
+one ``Accumulator``.
 """
 
 from __future__ import annotations
@@ -13,13 +15,8 @@ from typing import Any, final
 from .._exceptions import EventTooLarge, MalformedFrame, ProtocolError, ResponseTooLarge
 from . import _json
 from .accumulate import Accumulator
-from .chat import (
-    MAX_CHOICES,
-    MAX_TOOL_CALLS,
-    ChatChunkInterpreter,
-    completion_events,
-    error_from_response,
-)
+from .chat import MAX_CHOICES, MAX_TOOL_CALLS, error_from_response
+from .dialects import body_events, make_interpreter, terminal_event
 from .events import CoreEvent, DoneReceived, ErrorReported
 from .redact import Redactor
 from .result import Attempt, Outcome, StreamError, StreamResult, Timings
@@ -51,12 +48,20 @@ class StreamParser:
     through ``headers()``.  ``require_finish_reason``, ``expect_choices``
     and ``expect_usage`` go to the ``Accumulator`` (the outcome and flags);
     ``max_choices`` / ``max_tool_calls`` to the interpreter (the caps).
+
+    ``api`` is the stream's dialect: ``"chat"`` (the default), ``"responses"``
+    or ``"anthropic"`` (any other name is a ``ValueError``).  Every other
+    argument means the same for each; ``done`` is the dialect's terminal event
+    (``[DONE]``, ``response.completed`` / ``response.incomplete``,
+    ``message_stop``), and so are the reasons a truncated result gives.
     """
 
     __slots__ = (
         "_accumulator",
+        "_api",
         "_closed",
         "_decoder",
+        "_interpret_all",
         "_interpreter",
         "_redactor",
         "_sse_events",
@@ -81,29 +86,39 @@ class StreamParser:
         expect_usage: bool = False,
         max_choices: int = MAX_CHOICES,
         max_tool_calls: int = MAX_TOOL_CALLS,
+        api: str = "chat",
     ) -> None:
+        terminal = terminal_event(api)  # an unknown api fails here, before anything is built
+        self._api = api
         self.strict = strict
         self.max_response_bytes = max_response_bytes
         #: The HTTP status the body came with, when the caller knows it.
         self.status: int | None = None
         self._redactor = Redactor(secrets)
         self._decoder = SSEDecoder(max_event_size=max_event_size)
-        self._interpreter = ChatChunkInterpreter(
-            strict=strict, stream=stream, content_key=content_key, redactor=self._redactor,
+        self._decoder._pairs = api != "chat"  # the dialects read (data, name) pairs
+        self._interpreter = make_interpreter(
+            api, strict=strict, stream=stream, content_key=content_key, redactor=self._redactor,
             max_choices=max_choices, max_tool_calls=max_tool_calls,
         )
         self._accumulator = Accumulator(
             tools=tools, stream=stream, content_key=content_key,
             require_finish_reason=require_finish_reason, expect_choices=expect_choices,
-            expect_usage=expect_usage,
+            expect_usage=expect_usage, terminal=terminal,
         )
+        self._interpret_all = getattr(self._interpreter, "interpret_all", None)
         self._sse_events = 0
         self._stopped = False
         self._closed = False
 
     @property
+    def api(self) -> str:
+        """The stream's dialect: ``chat``, ``responses`` or ``anthropic``."""
+        return self._api
+
+    @property
     def done(self) -> bool:
-        """``[DONE]`` has arrived."""
+        """``[DONE]`` (or the dialect's terminal event) has arrived."""
         return self._interpreter.done
 
     @property
@@ -181,9 +196,10 @@ class StreamParser:
                         ) -> list[CoreEvent]:
         """Parse a whole body that is not an event stream.
 
-        A relay may answer a streaming request with one JSON ``chat.completion``:
-        it is read as one (the result is flagged ``not_streamed``), and a JSON
-        ``error`` body as an error.  Anything else (an HTML login page, plain
+        A relay may answer a streaming request with one JSON ``chat.completion``
+        (a Responses ``response`` object, an Anthropic ``message``, for those
+        dialects): it is read as one (the result is flagged ``not_streamed``),
+        and a JSON ``error`` body as an error.  Anything else (an HTML login page, plain
         text) is an error saying it is not an event stream, with an excerpt.
         """
         if self._stopped:
@@ -198,8 +214,8 @@ class StreamParser:
             except (ValueError, RecursionError):
                 payload = None
         accumulator = self._accumulator
-        events = (completion_events(payload, accumulator.stream, accumulator.content_key,
-                                    self._redactor)
+        events = (body_events(self._api, payload, accumulator.stream, accumulator.content_key,
+                              self._redactor)
                   if isinstance(payload, dict) else [])
         if not any(isinstance(e, DoneReceived | ErrorReported) for e in events):
             excerpt = " ".join(text.split())[:120]
@@ -240,17 +256,23 @@ class StreamParser:
             comments=decoder.comments,
             bytes_received=decoder.bytes_fed,
             ignored_after_done=self._interpreter.ignored_after_done,
+            ignored_events=getattr(self._interpreter, "ignored_events", 0),
         )
 
-    def _interpret(self, sse_events: Sequence[ServerSentEvent | str]) -> list[CoreEvent]:
+    def _interpret(self, sse_events: Sequence[ServerSentEvent | str | tuple[str, str]]
+                   ) -> list[CoreEvent]:
         out: list[CoreEvent] = []
         if not sse_events:
             return out
         self._sse_events += len(sse_events)
-        interpret_into = self._interpreter.interpret_into
+        interpret_all = self._interpret_all
         try:
-            for sse_event in sse_events:
-                interpret_into(sse_event, out)
+            if interpret_all is not None:  # the Responses and Anthropic interpreters
+                interpret_all(sse_events, out)
+            else:
+                interpret_into = self._interpreter.interpret_into
+                for sse_event in sse_events:
+                    interpret_into(sse_event, out)
         except MalformedFrame as exc:
             self._accumulator.extend(out)
             self._stop(exc)
@@ -282,6 +304,7 @@ def parse_stream(
     expect_choices: int = 1,
     expect_usage: bool = False,
     secrets: Iterable[str | None] = (),
+    api: str = "chat",
 ) -> StreamResult:
     """Parse a whole response body (a capture, a test's byte list) into its result.
 
@@ -289,7 +312,7 @@ def parse_stream(
     gives the same result.  ``status`` is the HTTP status the body came with:
     a non-2xx body is read as an error response.  In strict mode a malformed
     frame raises ``MalformedFrame``; otherwise it is skipped and counted.
-    The other keywords are ``StreamParser``'s.
+    ``api`` is the body's dialect.  The other keywords are ``StreamParser``'s.
     """
     parser = StreamParser(
         strict=strict,
@@ -300,6 +323,7 @@ def parse_stream(
         expect_choices=expect_choices,
         expect_usage=expect_usage,
         secrets=secrets,
+        api=api,
     )
     if not 200 <= status < 300:
         parser.fail_http(status, b"".join(chunks))

@@ -20,6 +20,7 @@ __all__ = [
     "Outcome",
     "StreamError",
     "StreamResult",
+    "ThinkingBlock",
     "Timings",
     "ToolCall",
     "Usage",
@@ -118,8 +119,35 @@ class ToolCall:
 
 
 @attrs.frozen(slots=True)
+class ThinkingBlock:
+    """One Anthropic ``thinking`` or ``redacted_thinking`` content block, whole.
+
+    A conversation that continues after a turn with thinking must send these
+    blocks back as they came: ``thinking`` is the block's text (also in the
+    choice's ``reasoning``), ``signature`` the one its ``signature_delta`` carried
+    (``None`` when none came).  A ``redacted_thinking`` block has ``redacted``
+    set, no text, and its opaque ``data``: it is never shown, only kept.
+    ``index`` is the block's index in the message.
+    """
+
+    index: int
+    thinking: str = ""
+    signature: str | None = None
+    redacted: bool = False
+    data: str | None = None
+
+
+@attrs.frozen(slots=True)
 class ChoiceResult:
-    """The output of one choice (``n`` > 1 gives several)."""
+    """The output of one choice (``n`` > 1 gives several).
+
+    ``finish_reason`` is in the chat vocabulary (``stop``, ``length``,
+    ``tool_calls``, ``content_filter``) for every dialect;
+    ``native_finish_reason`` is the dialect's own word when it was mapped
+    (Anthropic's ``end_turn``, Responses' ``max_output_tokens``), ``None`` for
+    a chat stream, whose finish reason is the server's own.  ``thinking`` holds
+    Anthropic's thinking blocks with their signatures (empty for other dialects).
+    """
 
     index: int
     role: str | None = None
@@ -128,6 +156,8 @@ class ChoiceResult:
     refusal: str = ""
     finish_reason: str | None = None
     tool_calls: tuple[ToolCall, ...] = ()
+    native_finish_reason: str | None = None
+    thinking: tuple[ThinkingBlock, ...] = ()
 
 
 @attrs.frozen(slots=True)
@@ -213,7 +243,10 @@ class StreamResult:
     the content deltas among their normalized events, ``skipped_frames``
     malformed frames skipped (``skip_reasons`` keeps the first few reasons),
     ``comments`` keep-alive comment lines, ``bytes_received`` body bytes,
-    ``ignored_after_done`` events that followed ``[DONE]``.
+    ``ignored_after_done`` events that followed ``[DONE]`` (or the dialect's
+    terminal event), ``ignored_events`` events of a type the dialect's
+    interpreter does not use (the Responses and Anthropic dialects: new or
+    unmapped event types are counted, never errors).
 
     ``reason`` is one line saying why for every outcome but ``completed``
     (``None`` then): "the body ended after 12 events without [DONE]",
@@ -247,6 +280,7 @@ class StreamResult:
     comments: int = 0
     bytes_received: int = 0
     ignored_after_done: int = 0
+    ignored_events: int = 0
     stream: str = ""
     content_key: str = ""
     timed_out: str | None = None  # which deadline fired, for ``timed_out``

@@ -65,6 +65,7 @@ class SSEDecoder:
         "_event_type",
         "_failed",
         "_field_seen",
+        "_pairs",
         "_pending",
         "_pending_size",
         "_retry_in_block",
@@ -80,6 +81,9 @@ class SSEDecoder:
         if max_event_size <= 0:
             raise ValueError(f"max_event_size must be positive, not {max_event_size!r}")
         self.max_event_size = max_event_size
+        #: StreamParser's dialects set it: ``_feed_items`` may then give an
+        #: ``event: NAME`` + one ``data:`` line block as the pair ``(data, NAME)``.
+        self._pairs = False
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._bom_done = False
         self._after_cr = False  # the last text ended in CR: a leading LF is its pair
@@ -108,10 +112,11 @@ class SSEDecoder:
         items = self._feed_items(data)
         return _events(items) if items else []
 
-    def _feed_items(self, data: bytes) -> list[ServerSentEvent | str]:
+    def _feed_items(self, data: bytes) -> list[ServerSentEvent | str | tuple[str, str]]:
         """``feed()`` for StreamParser: a plain ``str`` stands for
         ``ServerSentEvent(that, "message", "", None)``, which saves building an
-        object per chunk on the hot path."""
+        object per chunk on the hot path; with ``_pairs`` set, ``(data, name)``
+        stands for ``ServerSentEvent(data, name, "", None)``."""
         if self._failed is not None:
             raise EventTooLarge(self._failed.size, self._failed.limit)
         if self._closed:
@@ -141,7 +146,7 @@ class SSEDecoder:
         self._data.clear()
         return events
 
-    def _feed_text(self, text: str) -> list[ServerSentEvent | str]:
+    def _feed_text(self, text: str) -> list[ServerSentEvent | str | tuple[str, str]]:
         if not text:
             return []
         if not self._bom_done:
@@ -174,25 +179,36 @@ class SSEDecoder:
         blocks = text.split("\n\n")
         tail = blocks.pop().split("\n")  # complete lines, then the partial one
         rest = tail.pop()
-        events: list[ServerSentEvent | str] = []
+        events: list[ServerSentEvent | str | tuple[str, str]] = []
         limit = self.max_event_size
         plain = not self.last_event_id  # a bare str carries no id
+        pairs = self._pairs
+        fresh = not self._field_seen  # no field of this block came in an earlier read
         for block in blocks:
-            if (
-                not self._field_seen
-                and block.startswith("data: ")
-                and "\n" not in block
-                and len(block) <= limit
-            ):
-                if plain:
-                    events.append(block[6:])
-                else:
-                    events.append(ServerSentEvent(block[6:], "message", self.last_event_id))
-                continue
+            if fresh and len(block) <= limit:
+                if block.startswith("data: "):
+                    if "\n" not in block:
+                        if plain:
+                            events.append(block[6:])
+                        else:
+                            events.append(ServerSentEvent(block[6:], "message",
+                                                          self.last_event_id))
+                        continue
+                elif block.startswith("event: "):
+                    # `event: NAME` then one `data: ` line: the Responses and Anthropic events.
+                    head, sep, value = block.partition("\ndata: ")
+                    if sep and "\n" not in value and "\n" not in head:
+                        if pairs and plain:
+                            events.append((value, head[7:] or "message"))
+                        else:
+                            events.append(ServerSentEvent(value, head[7:] or "message",
+                                                          self.last_event_id))
+                        continue
             lines = block.split("\n")
             lines.append("")
             self._process(lines, events)
             plain = not self.last_event_id
+            fresh = not self._field_seen
         if tail:
             self._process(tail, events)
         if rest:
@@ -201,7 +217,7 @@ class SSEDecoder:
         self._check_size(events)
         return events
 
-    def _check_size(self, events: list[ServerSentEvent | str]) -> None:
+    def _check_size(self, events: list[ServerSentEvent | str | tuple[str, str]]) -> None:
         size = self._data_size + self._pending_size
         if size > self.max_event_size:
             self._failed = EventTooLarge(size, self.max_event_size, _events(events))
@@ -210,7 +226,8 @@ class SSEDecoder:
             self._data.clear()
             raise self._failed
 
-    def _process(self, lines: list[str], events: list[ServerSentEvent | str]) -> None:
+    def _process(self, lines: list[str],
+                 events: list[ServerSentEvent | str | tuple[str, str]]) -> None:
         """The general path: each line as the spec says; a blank line dispatches."""
         data = self._data
         for line in lines:
@@ -259,5 +276,8 @@ class SSEDecoder:
             # Any other field name is ignored, as the spec says.
 
 
-def _events(items: list[ServerSentEvent | str]) -> list[ServerSentEvent]:
-    return [ServerSentEvent(item) if type(item) is str else item for item in items]  # type: ignore[misc]
+def _events(items: list[ServerSentEvent | str | tuple[str, str]]) -> list[ServerSentEvent]:
+    return [item if type(item) is ServerSentEvent
+            else ServerSentEvent(item) if type(item) is str
+            else ServerSentEvent(*item)  # type: ignore[misc]
+            for item in items]

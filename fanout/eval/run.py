@@ -245,7 +245,7 @@ class Scoring:
         self._serial += 1
         key = f"judge/{selected.name}/{self._serial}"
         request = StreamRequest(key, model.id, messages, dict(model.params),
-                                deadlines=selected.deadlines)
+                                deadlines=selected.deadlines, api=model.api)
         self._queue.append(_Job(key, selected, record, akey, request))
         self.wake()
 

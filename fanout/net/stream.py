@@ -19,6 +19,10 @@ forever.
 Everything the server sends reaches the result through the attempt's
 ``StreamParser``, which redacts the endpoint's key (body, error bodies,
 headers, and the errors recorded here).
+
+The stream's dialect (``StreamRequest.api``, else ``Endpoint.api``) picks the
+URL, the headers that carry the key (``Endpoint.auth_headers``), the body
+(``StreamRequest.body``, built once) and the parser's interpreter.
 """
 
 from __future__ import annotations
@@ -62,6 +66,8 @@ INTERESTING_HEADERS = ("content-type", "content-encoding", "x-request-id", "requ
 _CONTENT = frozenset(CONTENT_EVENTS)
 #: An error the same request will meet again: retrying it only costs.
 _DETERMINISTIC = re.compile(r"validation error|input should be|invalid_request_error", re.I)
+#: A server saying it is overloaded (Anthropic's ``overloaded_error``, in the type or code).
+_OVERLOADED = re.compile(r"overloaded", re.I)
 #: Inflated bytes handed to the parser at a time: a small gzip body can hold gigabytes.
 _INFLATE_PIECE = 64 * 1024
 
@@ -110,7 +116,14 @@ class StreamRunner:
         self.retry = request.retry or settings.retry
         self.fanout_deadline = settings.fanout_deadline
         self.rng = rng or random.Random()
-        self._traced = _traces(client, endpoint.chat_url)
+        #: The dialect of this stream: the request's, else the endpoint's.
+        self.api = request.api_for(endpoint)
+        self.url = endpoint.url(self.api)
+        try:  # built once: a parameter the dialect lacks fails here, before anything is sent
+            self._body = request.body(self.api)
+        except ValueError as exc:
+            raise ValueError(f"stream {request.key!r}: {exc}") from None
+        self._traced = _traces(client, self.url)
         self.key = request.key
         self.content_key = request.content_key(endpoint)
         self.scope = trio.CancelScope()
@@ -207,8 +220,10 @@ class StreamRunner:
                             stream=self.key, content_key=self.content_key,
                             secrets=endpoint.secrets,
                             require_finish_reason=endpoint.require_finish_reason,
-                            expect_choices=request.expected_choices,
-                            expect_usage=request.expects_usage)
+                            expect_choices=request.expected_choices if self.api == "chat"
+                            else 1,
+                            expect_usage=request.expects_usage if self.api == "chat"
+                            else True, api=self.api)
 
     async def _attempts(self, attempts: list[Attempt]) -> None:
         waited = 0.0
@@ -256,6 +271,10 @@ class StreamRunner:
             f"{error.message} {error.type or ''}"))
         if end.status is not None and not 200 <= end.status < 300:
             return end.status in retry.statuses and not deterministic
+        if error is not None and _OVERLOADED.search(f"{error.type or ''} {error.code or ''}"):
+            # An error event (Anthropic's overloaded_error) before any content: the
+            # server said why, so this is no slot cut, whatever else is running.
+            return True
         if self.others_running is not None and self.others_running(self):
             # A 2xx that delivered nothing while other streams ran is how a server
             # with one slot cuts a stream: a retry now would cut another one.  Left to
@@ -321,8 +340,10 @@ class StreamRunner:
         ours = {**self.endpoint.headers, **self.request.headers}
         headers = {**ours, "accept": "text/event-stream", "accept-encoding": "identity",
                    "content-type": "application/json"}
-        if self.endpoint.api_key:
-            headers["authorization"] = f"Bearer {self.endpoint.api_key}"
+        given = {name.lower() for name in ours}
+        for name, value in self.endpoint.auth_headers(self.api).items():
+            if name not in given:  # the caller's own anthropic-version wins (the key cannot
+                headers[name] = value  # be given: requests and endpoints refuse it)
         connect = deadlines.connect
         timeout = httpx.Timeout(connect=connect, read=None, write=30.0, pool=None)
         with trio.CancelScope() as scope:
@@ -332,7 +353,7 @@ class StreamRunner:
                 # Our own JSON writer: httpx's cannot encode a lone surrogate ("\ud800",
                 # valid in JSON, so a prompt may hold one); ours escapes it.
                 request = self.client.build_request(
-                    "POST", self.endpoint.chat_url, content=dumps(self.request.body()).encode(),
+                    "POST", self.url, content=dumps(self._body).encode(),
                     headers=headers, timeout=timeout, extensions={"trace": self._trace})
                 if not any(name.lower() == "cookie" for name in ours):
                     # No stream sends what another stream's server set in the client's jar.

@@ -195,7 +195,7 @@ def _request(key: str, model: ModelConfig, config: Config, messages: list[dict[s
              params: Mapping[str, Any], tools: list[dict[str, Any]] | None) -> StreamRequest:
     try:
         return StreamRequest(key, model.id, messages, {**model.params, **params},
-                             deadlines=config.deadlines_for(model), tools=tools)
+                             deadlines=config.deadlines_for(model), tools=tools, api=model.api)
     except ValueError as exc:  # StreamRequest's own checks: the client's input
         raise bad(str(exc)) from None
 

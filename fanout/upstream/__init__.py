@@ -1,4 +1,5 @@
-"""The embedded OpenAI-compatible upstream: scripted models, faults and capture replay.
+"""The embedded upstream: scripted models, faults and capture replay, in three dialects
+(``POST /v1/chat/completions``, ``/v1/responses``, Anthropic's ``/v1/messages``).
 
 ``fanout mock`` serves it on the command line; ``serve_upstream`` /
 ``open_upstream`` run it inside a trio program or a test.

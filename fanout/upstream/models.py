@@ -7,6 +7,13 @@ llama.cpp server does: a new request cuts the stream that holds it.
 ``replay/<capture>`` serves a recorded body with its recorded timing.
 A model id may carry arguments after ``:`` (``fault/429:3``) and a
 fragmenting mode after ``@`` (``mock/fast@byte``).
+
+Every model plans its answer once, as parts; the request's route picks the
+encoder that renders them: chat chunks, Responses events or Anthropic events
+(``dialects.py``).  A fault means the same on every route it is served on
+(``ModelSpec.apis``): ``fault/truncate:5`` cuts the sixth write, whatever its
+dialect; ``fault/no-done`` leaves out the terminal event (``[DONE]``,
+``response.completed``, ``message_stop``).
 """
 
 from __future__ import annotations
@@ -23,12 +30,21 @@ from typing import Any
 import attrs
 import orjson
 
+from ..bodies import APIS
 from .bomb import MIB, gzip_bomb
 from .capture import Capture
 from .corpus import REASONING, cut, example_arguments, fragments, rng_for
+from .dialects import (
+    AnthropicEncoder,
+    ResponsesEncoder,
+    anthropic_error_plan,
+    chat_stream_parts,
+    grouped,
+)
 from .plans import Abort, ChatRequest, Hang, Pause, Plan, Send, Step, error_plan, json_plan
 
-__all__ = ["ECHO_MARKER", "ECHO_PLACES", "MODELS", "Context", "ModelSpec", "Slot", "plan_chat"]
+__all__ = ["ECHO_MARKER", "ECHO_PLACES", "MODELS", "Context", "ModelSpec", "Slot", "encoder",
+           "plan_chat"]
 
 SSE_HEADERS = (("content-type", "text/event-stream; charset=utf-8"),
                ("cache-control", "no-cache"), ("x-accel-buffering", "no"))
@@ -89,9 +105,12 @@ class Context:
 
 @attrs.frozen
 class ModelSpec:
+    """A model: its id, what it does, its plan, and the routes (dialects) serving it."""
+
     id: str
     description: str
     plan: Callable[[ChatRequest, Context], Plan]
+    apis: tuple[str, ...] = APIS
 
 
 # ---------------------------------------------------------------- answers
@@ -221,6 +240,30 @@ class _Chunks:
         return self.event([{"index": i, "delta": {}, "logprobs": None,
                             "finish_reason": a.finish_reason} for i, a in enumerate(answers)])
 
+    def start(self, count: int) -> bytes:
+        return self.role(count)
+
+    def order(self, answers: list[_Choice]) -> Iterator[tuple[int, tuple[Any, ...]]]:
+        return _interleaved(answers)
+
+    def closing(self, answers: list[_Choice], usage: dict[str, Any] | None) -> list[Send]:
+        """The finish chunk, the usage chunk (when asked for) and ``[DONE]``."""
+        out = [Send(self.finish(answers))]
+        if usage is not None:
+            out.append(Send(self.event([], usage)))
+        out.append(Send(DONE, terminal=True))
+        return out
+
+    def error_event(self, error: dict[str, Any], *, failed: bool = False) -> bytes:
+        return b"data: " + orjson.dumps({"error": error}) + b"\n\n"
+
+    def overloaded(self) -> bytes:
+        return self.error_event({"message": "The server is overloaded (fanout mock).",
+                                 "type": "overloaded_error", "code": "overloaded"})
+
+    def ping(self) -> bytes:
+        return b": ping - fanout keep-alive\n\n"
+
     def part(self, index: int, part: tuple[Any, ...]) -> bytes:
         if part[0] == "tool":
             _, tool_index, call_id, name, arguments = part
@@ -237,6 +280,31 @@ class _Chunks:
             delta = {"content": part[1]}
         return self.event([{"index": index, "delta": delta, "logprobs": None,
                             "finish_reason": None}])
+
+
+Encoder = _Chunks | ResponsesEncoder | AnthropicEncoder
+
+
+def encoder(request: ChatRequest, ident: str | None = None) -> Encoder:
+    """What renders this request's answer: its route's dialect.  ``ident``: every id
+    and the model name replaced by it (``fault/echo-key:meta``)."""
+    if request.api == "responses":
+        return ResponsesEncoder(request, ident)
+    if request.api == "anthropic":
+        return AnthropicEncoder(request, ident)
+    chunks = _Chunks(request)
+    if ident is not None:
+        chunks.head.update(id=ident, model=ident, system_fingerprint=ident)
+    return chunks
+
+
+def _error(request: ChatRequest, status: int, message: str, type_: str, *,
+           param: str | None = None, code: str | None = None,
+           headers: tuple[tuple[str, str], ...] = ()) -> Plan:
+    """An error response in the shape of the request's route."""
+    if request.api == "anthropic":
+        return anthropic_error_plan(status, message, type_, headers)
+    return error_plan(status, message, type_, param=param, code=code, headers=headers)
 
 
 def _usage(request: ChatRequest, answers: list[_Choice]) -> dict[str, Any]:
@@ -262,17 +330,15 @@ def _pauses(request: ChatRequest, context: Context, default: float | tuple[float
 
 def _stream(request: ChatRequest, answers: list[_Choice], pauses: Iterator[float]
             ) -> Iterator[Step]:
-    chunks = _Chunks(request)
-    yield Send(chunks.role(len(answers)))
-    for index, part in _interleaved(answers):
+    chunks = encoder(request)
+    yield Send(chunks.start(len(answers)))
+    for index, part in chunks.order(answers):
         pause = next(pauses)
         if pause:
             yield Pause(pause)
         yield Send(chunks.part(index, part))
-    yield Send(chunks.finish(answers))
-    if request.include_usage:
-        yield Send(chunks.event([], _usage(request, answers)))
-    yield Send(DONE)
+    yield from chunks.closing(answers, _usage(request, answers) if request.include_usage
+                              else None)
 
 
 def _interleaved(answers: list[_Choice]) -> Iterator[tuple[int, tuple[Any, ...]]]:
@@ -284,6 +350,10 @@ def _interleaved(answers: list[_Choice]) -> Iterator[tuple[int, tuple[Any, ...]]
 
 
 def _completion(request: ChatRequest, answers: list[_Choice]) -> Plan:
+    if request.api != "chat":  # the dialect's own non-streamed body
+        dialect = ResponsesEncoder(request) if request.api == "responses" else AnthropicEncoder(
+            request)
+        return json_plan(200, dialect.completion(answers, _usage(request, answers)))
     chunks = _Chunks(request)
     choices = []
     for index, answer in enumerate(answers):
@@ -377,7 +447,7 @@ def _truncate(request: ChatRequest, steps: Iterator[Step]) -> Iterator[Step]:
 
 def _no_done(request: ChatRequest, steps: Iterator[Step]) -> Iterator[Step]:
     for step in steps:
-        if isinstance(step, Send) and step.data == DONE:
+        if isinstance(step, Send) and step.terminal:
             return
         yield step
 
@@ -396,9 +466,27 @@ def _stall(request: ChatRequest, steps: Iterator[Step]) -> Iterator[Step]:
 def _heartbeat_stall(request: ChatRequest, steps: Iterator[Step]) -> Iterator[Step]:
     yield from _until_sends(steps, int(_arg(request, 5)))
     interval = request.cadence or 0.2
+    ping = encoder(request).ping()  # a comment; Anthropic's ping event
     while True:
         yield Pause(interval)
-        yield Send(b": ping - fanout keep-alive\n\n")
+        yield Send(ping)
+
+
+def _pings(request: ChatRequest, context: Context) -> Plan:
+    """The stream's first event, then only keep-alives (Anthropic: ping events; the others:
+    comments), ``:SECONDS`` apart (default 0.2), until the client gives up."""
+    interval = _arg(request, request.cadence or 0.2) or 0.2
+    chunks = encoder(request)
+
+    def steps() -> Iterator[Step]:
+        yield Send(chunks.start(1))
+        ping = chunks.ping()
+        while True:
+            yield Pause(interval)
+            yield Send(ping)
+    if not request.stream:
+        return Plan(200, raw=True, steps=[Hang()])
+    return Plan(200, SSE_HEADERS, steps=steps(), fragment=request.fragment)
 
 
 def _slow_first_token(request: ChatRequest, steps: Iterator[Step]) -> Iterator[Step]:
@@ -413,12 +501,15 @@ GARBAGE = (b"data: {\"choices\": [{\"index\": 0, \"delta\": {\"content\": \"unte
 
 
 def _garbage(request: ChatRequest, steps: Iterator[Step]) -> Iterator[Step]:
+    # In the event-named dialects the bad frames come as the commonest event.
+    named = {"responses": b"event: response.output_text.delta\n",
+             "anthropic": b"event: content_block_delta\n"}.get(request.api, b"")
     sends = 0
     for step in steps:
-        if isinstance(step, Send) and step.data != DONE:
+        if isinstance(step, Send) and not step.terminal:
             sends += 1
             if sends % 4 == 0:
-                yield Send(GARBAGE[(sends // 4 - 1) % len(GARBAGE)])
+                yield Send(named + GARBAGE[(sends // 4 - 1) % len(GARBAGE)])
         yield step
 
 
@@ -445,7 +536,11 @@ def _error_event(request: ChatRequest, steps: Iterator[Step]) -> Iterator[Step]:
     yield from _until_sends(steps, 5)
     error = {"message": "The model crashed mid-stream (fanout mock).",
              "type": "server_error", "code": "mock_crash"}
-    if request.args and request.args[0] == "typed":
+    typed = bool(request.args) and request.args[0] == "typed"
+    if request.api != "chat":  # the dialect's error event (:failed: response.failed)
+        failed = bool(request.args) and request.args[0] == "failed"
+        yield Send(encoder(request).error_event(error, failed=failed))
+    elif typed:
         yield Send(b"event: error\ndata: " + orjson.dumps(error) + b"\n\n")
     else:
         yield Send(b"data: " + orjson.dumps({"error": error}) + b"\n\n")
@@ -463,20 +558,21 @@ def _fails_first(status: int, default_times: int) -> Callable[[ChatRequest, Cont
         if status == 429:
             return _rate_limited(request, f"Rate limit reached (fanout mock: attempt {attempt} "
                                  f"of {times} refused).")
-        if status == 503:
-            return error_plan(503, "The engine is currently overloaded, please try again "
-                              f"later (fanout mock: attempt {attempt} of {times}).",
-                              "server_error", code="overloaded")
-        return error_plan(status, f"The server had an error (fanout mock: attempt {attempt} of "
-                          f"{times}).", "server_error")
+        if status in (503, 529):
+            return _error(request, status, "The engine is currently overloaded, please try "
+                          f"again later (fanout mock: attempt {attempt} of {times}).",
+                          "server_error" if status == 503 else "overloaded_error",
+                          code="overloaded")
+        return _error(request, status, f"The server had an error (fanout mock: attempt "
+                      f"{attempt} of {times}).", "server_error")
     return plan
 
 
 def _rate_limited(request: ChatRequest, message: str) -> Plan:
     """A 429 as OpenAI sends it, with Retry-After (whole seconds) and retry-after-ms."""
     wait = request.retry_after
-    return error_plan(429, f"{message} Please retry after {wait:g} s.", "rate_limit_error",
-                      code="rate_limit_exceeded",
+    return _error(request, 429, f"{message} Please retry after {wait:g} s.", "rate_limit_error",
+                  code="rate_limit_exceeded",
                       headers=(("retry-after", str(max(0, round(wait)))),
                                ("retry-after-ms", str(int(wait * 1000)))))
 
@@ -625,24 +721,75 @@ def _echo_key(request: ChatRequest, context: Context) -> Plan:
     key = request.api_key or ECHO_MARKER
     where = request.args[0] if request.args and request.args[0] else "all"
     if where not in ECHO_PLACES:
-        return error_plan(400, f"fault/echo-key: {where!r} is not one of: "
-                          f"{', '.join(ECHO_PLACES)}", "invalid_request_error", param="model")
+        return _error(request, 400, f"fault/echo-key: {where!r} is not one of: "
+                      f"{', '.join(ECHO_PLACES)}", "invalid_request_error", param="model")
     if where == "http":
         error = _echo_error(key)
-        return error_plan(401, error["message"], key, param=key, code=key)
+        return _error(request, 401, error["message"], key, param=key, code=key)
     if where == "http-text":
         return Plan(500, (("content-type", "text/plain; charset=utf-8"),),
                     f"Internal Server Error: upstream refused Authorization: Bearer {key}\n"
                     .encode())
     headers = _echo_headers(key) if where in ("headers", "all") else ()
     if where == "json-200" or (not request.stream and where != "headers"):
-        return json_plan(200, {"error": _echo_error(key)}, headers)
+        error = _echo_error(key)
+        plan = _error(request, 200, error["message"], key, param=key, code=key)
+        return attrs.evolve(plan, headers=(*plan.headers, *headers))
     answers = _answer(request, "text")
     if not request.stream:
         return attrs.evolve(_completion(request, answers), headers=(
             ("content-type", "application/json"), *headers))
+    stream = _echo_stream if request.api == "chat" else _echo_dialect_stream
     return Plan(200, (*SSE_HEADERS, *headers), fragment=request.fragment,
-                steps=_echo_stream(request, answers, _pauses(request, context, 0.0), key, where))
+                steps=stream(request, answers, _pauses(request, context, 0.0), key, where))
+
+
+_EVENT_NAMES = {"responses": b"event: response.output_text.delta\n",
+                "anthropic": b"event: content_block_delta\n"}
+
+
+def _echo_dialect_stream(request: ChatRequest, answers: list[_Choice], pauses: Iterator[float],
+                         key: str, where: str) -> Iterator[Step]:
+    """``fault/echo-key`` in the Responses and Anthropic dialects: the key in ids and the
+    model (meta), in frames that are no JSON (skipped), in an error event (stream-error,
+    event-error), escaped as \\uXXXX (escaped), or all of them."""
+    chunks = encoder(request, key if where in ("meta", "all") else None)
+    named = _EVENT_NAMES[request.api]
+    yield Send(chunks.start(len(answers)))
+    parts = chunks.order(answers)
+    for index, part in itertools.islice(parts, 2):
+        pause = next(pauses)
+        if pause:
+            yield Pause(pause)
+        yield Send(chunks.part(index, part))
+    raw = key.encode("utf-8", "replace")
+    if where in ("skipped", "all"):
+        yield Send(named + b'data: {"error": {"message": "bad key ' + raw + b'"\n\n')
+        yield Send(named + b"data: " + orjson.dumps(f"upstream: your key is {key}") + b"\n\n")
+    if where in ("meta", "all"):
+        yield Send(chunks.part(0, ("tool", 99, key, key, "{}")))
+    if where in ("stream-error", "event-error"):
+        yield Send(chunks.error_event(_echo_error(key)))
+        return
+    if where in ("escaped", "all"):  # all: the key raw in the type and code, escaped in text
+        kind = orjson.dumps(key if where == "all" else "authentication_error")
+        message = b'"Incorrect API key provided: ' + _escaped(key) + b'"'
+        if request.api == "anthropic":
+            data = b'{"type": "error", "error": {"type": ' + kind + b', "message": ' + message
+            yield Send(b"event: error\ndata: " + data + b"}}\n\n")
+        else:
+            data = (b'{"type": "error", "code": ' + kind + b', "message": ' + message
+                    + b', "param": null, "sequence_number": 9999}')
+            yield Send(b"event: error\ndata: " + data + b"\n\n")
+        return
+    for index, part in parts:  # headers, meta, skipped: the rest of a normal stream
+        pause = next(pauses)
+        if pause:
+            yield Pause(pause)
+        yield Send(chunks.part(index, part))
+    if where == "meta":
+        answers = [attrs.evolve(answers[0], finish_reason="tool_calls"), *answers[1:]]
+    yield from chunks.closing(answers, _usage(request, answers))
 
 
 def _echo_stream(request: ChatRequest, answers: list[_Choice], pauses: Iterator[float],
@@ -747,8 +894,8 @@ def _endless(request: ChatRequest, context: Context) -> Plan:
     pieces = fragments(rng_for(request.seed, request.name, request.prompt), 64)
 
     def steps() -> Iterator[Step]:
-        chunks = _Chunks(request)
-        yield Send(chunks.role(1))
+        chunks = encoder(request)
+        yield Send(chunks.start(1))
         for piece in itertools.cycle(pieces):
             if seconds:
                 yield Pause(seconds)
@@ -840,9 +987,9 @@ def _json_body(request: ChatRequest, context: Context) -> Plan:
 
 
 def _json_error_200(request: ChatRequest, context: Context) -> Plan:
-    return json_plan(200, {"error": {
-        "message": "The upstream provider returned an error (fanout mock: a 200 that is not).",
-        "type": "upstream_error", "param": None, "code": "upstream_error"}})
+    plan = _error(request, 500, "The upstream provider returned an error (fanout mock: a 200 "
+                  "that is not).", "upstream_error", code="upstream_error")
+    return attrs.evolve(plan, status=200)
 
 
 VALIDATION_MESSAGE = (
@@ -855,13 +1002,13 @@ VALIDATION_MESSAGE = (
 def _validation_500(request: ChatRequest, context: Context) -> Plan:
     """A request error dressed as a 500, as LiteLLM sends it (``L11_bad_type``): retrying
     it can never help."""
-    return error_plan(500, VALIDATION_MESSAGE, "internal_server_error", code="500")
+    return _error(request, 500, VALIDATION_MESSAGE, "internal_server_error", code="500")
 
 
 def _bad_request(request: ChatRequest, context: Context) -> Plan:
-    return error_plan(400, "Invalid 'messages[0].content': string too long. Expected a string "
-                      "with maximum length 1048576 (fanout mock).", "invalid_request_error",
-                      param="messages[0].content", code="string_above_max_length")
+    return _error(request, 400, "Invalid 'messages[0].content': string too long. Expected a "
+                  "string with maximum length 1048576 (fanout mock).", "invalid_request_error",
+                  param="messages[0].content", code="string_above_max_length")
 
 
 def _first_k(default_times: int, bad: Callable[[ChatRequest], Iterable[Step]]
@@ -878,7 +1025,14 @@ def _first_k(default_times: int, bad: Callable[[ChatRequest], Iterable[Step]]
 
 
 def _role_only(request: ChatRequest) -> Iterable[Step]:
-    return [Send(_Chunks(request).role(request.n))]
+    return [Send(encoder(request).start(request.n))]
+
+
+def _overloaded(request: ChatRequest) -> Iterable[Step]:
+    """The stream's first event, then the dialect's overloaded error (Anthropic's
+    ``overloaded_error`` event), before any content; then the body ends."""
+    chunks = encoder(request)
+    return [Send(chunks.start(request.n)), Send(chunks.overloaded())]
 
 
 def _done_only(request: ChatRequest) -> Iterable[Step]:
@@ -908,6 +1062,10 @@ def plan_replay(request: ChatRequest, context: Context, name: str) -> Plan | Non
             scale = 1.0
     headers = tuple((k, v) for k, v in capture.headers
                     if k.lower() in ("content-type", "x-request-id", "retry-after"))
+    if request.api != "chat" and capture.status == 200 and "event-stream" in (
+            capture.content_type or "text/event-stream"):
+        return Plan(200, SSE_HEADERS, steps=_replay_in_dialect(request, capture, scale),
+                    fragment=request.fragment or "event")
 
     def steps() -> Iterator[Step]:
         previous = next((t for t, n in capture.reads if n == 0), 0.0)
@@ -920,7 +1078,51 @@ def plan_replay(request: ChatRequest, context: Context, name: str) -> Plan | Non
     return Plan(capture.status, headers, steps=steps(), fragment=request.fragment or "event")
 
 
+def _replay_in_dialect(request: ChatRequest, capture: Capture, scale: float
+                       ) -> Iterator[Step]:
+    """A recorded chat stream said again in the request's dialect, at its recorded times:
+    each content, reasoning or tool-call delta of choice 0 one write, the finish and
+    usage at the end.  A capture that ends without ``[DONE]`` ends here without the
+    dialect's terminal event (a cut stays a cut); one whose ``[DONE]`` came without a
+    finish reason (llama.cpp's cut) too.  Tool-call fragments are held and sent by call
+    at the end: these dialects send one call (block, item) at a time, chat may interleave."""
+    chunks = encoder(request)
+    answer = _Choice()
+    tools = _Choice()
+    finish: str | None = None
+    usage: dict[str, Any] | None = None
+    previous = next((t for t, n in capture.reads if n == 0), 0.0)
+    started = False
+    kind = ""
+    for at_ms, kind, value in chat_stream_parts(capture.pieces()):
+        if scale and at_ms > previous:
+            yield Pause((at_ms - previous) / 1000 * scale)
+        previous = max(previous, at_ms)
+        if not started:
+            started = True
+            yield Send(chunks.start(1))
+        if kind == "part" and value[0] == "tool":
+            tools.parts.append(value)
+        elif kind == "part":
+            answer.parts.append(value)
+            yield Send(chunks.part(0, value))
+        elif kind == "finish":
+            finish = value
+        elif kind == "usage":
+            usage = value
+        elif kind == "done":
+            break
+    for _, part in grouped([tools]):
+        answer.parts.append(part)
+        yield Send(chunks.part(0, part))
+    if kind == "done" and finish is not None:
+        answer.finish_reason = finish
+        yield from chunks.closing([answer], usage)
+
+
 # ---------------------------------------------------------------- registry
+
+CHAT_ONLY = ("chat",)  # chat-shaped hostile bytes: no other dialect has these fields
 
 MODELS: dict[str, ModelSpec] = {spec.id: spec for spec in [
     ModelSpec("mock/fast", "text as fast as the socket takes it", _scripted("text")),
@@ -935,36 +1137,45 @@ MODELS: dict[str, ModelSpec] = {spec.id: spec for spec in [
               _scripted("length")),
     ModelSpec("fault/truncate", "connection closed mid-event after N chunks (:N, default 5)",
               _fault(_truncate)),
-    ModelSpec("fault/no-done", "clean close after finish_reason, no [DONE]", _fault(_no_done)),
+    ModelSpec("fault/no-done", "clean close after the finish, without the terminal event "
+              "([DONE], response.completed, message_stop)", _fault(_no_done)),
     ModelSpec("fault/drop-chunked", "socket closed in the middle of an HTTP chunk (:N)",
               _fault(_drop_chunked)),
     ModelSpec("fault/stall", "stops sending after N chunks, socket kept open (:N)",
               _fault(_stall)),
-    ModelSpec("fault/heartbeat-stall", "only `: ping` comments after N chunks (:N)",
-              _fault(_heartbeat_stall)),
+    ModelSpec("fault/heartbeat-stall", "only keep-alives after N chunks (:N): `: ping` "
+              "comments, Anthropic's ping events", _fault(_heartbeat_stall)),
+    ModelSpec("fault/pings", "the first event, then only keep-alives (Anthropic: ping events, "
+              "the others: comments) :SECONDS apart (default 0.2), forever", _pings),
     ModelSpec("fault/slow-first-token", "the first content after a delay (:SECONDS, default 2)",
               _fault(_slow_first_token)),
     ModelSpec("fault/garbage", "a malformed JSON frame after every 4th good one",
               _fault(_garbage)),
     ModelSpec("fault/huge-event", "one event of :BYTES (default 16 MiB), sent slowly",
-              _fault(_huge_event)),
-    ModelSpec("fault/bad-utf8", "invalid UTF-8 bytes inside a content delta", _fault(_bad_utf8)),
+              _fault(_huge_event), CHAT_ONLY),
+    ModelSpec("fault/bad-utf8", "invalid UTF-8 bytes inside a content delta", _fault(_bad_utf8),
+              CHAT_ONLY),
     ModelSpec("fault/error-event", "an in-stream error after some text: data: {\"error\"} "
-              "(:typed for event: error)", _fault(_error_event)),
+              "(:typed for event: error); the dialect's error event (:failed: "
+              "response.failed)", _fault(_error_event)),
     ModelSpec("fault/429", "429 with Retry-After for the first K requests (:K, default 2)",
               _fails_first(429, 2)),
     ModelSpec("fault/500-then-ok", "500 for the first K requests (:K, default 1)",
               _fails_first(500, 1)),
+    ModelSpec("fault/529-then-ok", "529 overloaded for the first K requests (:K, default 1)",
+              _fails_first(529, 1)),
+    ModelSpec("fault/overloaded", "first K streams: the first event, then an overloaded "
+              "error event before any content (:K, default 1)", _first_k(1, _overloaded)),
     ModelSpec("fault/busy", "429 + Retry-After while N streams of it are open (:N, default 4)",
               _busy),
     ModelSpec("fault/empty-200", "200 and an empty body", _empty_200),
     ModelSpec("slot/clean", "llama.cpp's one slot: a new slot/* request cuts this stream: "
               "[DONE], no finish_reason (:SECONDS between chunks, default 0.02)",
-              _slot("clean")),
+              _slot("clean"), CHAT_ONLY),
     ModelSpec("slot/broken", "as slot/clean, and after [DONE] the HTTP chunked framing breaks",
-              _slot("broken")),
+              _slot("broken"), CHAT_ONLY),
     ModelSpec("slot/relay", "as slot/clean behind a LiteLLM-style relay: the cut becomes "
-              "finish_reason stop, then [DONE]", _slot("relay")),
+              "finish_reason stop, then [DONE]", _slot("relay"), CHAT_ONLY),
     ModelSpec("fault/empty-stop", "the role chunk, then finish_reason stop with no content",
               _empty_stop),
     ModelSpec("fault/echo-key", "echoes the bearer token back (:WHERE: stream-error, "
@@ -979,17 +1190,17 @@ MODELS: dict[str, ModelSpec] = {spec.id: spec for spec in [
     ModelSpec("fault/gzip", "content-encoding gzip, whatever Accept-Encoding says",
               _gzipped),
     ModelSpec("fault/gzip-bomb", "a small gzip body that inflates to :MB MiB of SSE "
-              "(default 1024)", _gzip_bomb_plan),
+              "(default 1024)", _gzip_bomb_plan, CHAT_ONLY),
     ModelSpec("fault/endless", "content deltas that never end (:SECONDS between, default 0)",
               _endless),
     ModelSpec("fault/many-choices", "a one-character delta for a new choice index every "
-              "chunk, :N of them (default 100000)", _many_choices),
+              "chunk, :N of them (default 100000)", _many_choices, CHAT_ONLY),
     ModelSpec("fault/many-tools", "tool-call deltas, each a new tool index, :N of them "
-              "(default 100000)", _many_tools),
+              "(default 100000)", _many_tools, CHAT_ONLY),
     ModelSpec("fault/negative-index", "a chunk with choice index -1 and one with tool index -1",
-              _fault(_negative_index)),
+              _fault(_negative_index), CHAT_ONLY),
     ModelSpec("fault/big-int", "choice index 2**64 and usage counts of 10**30",
-              _fault(_big_int)),
+              _fault(_big_int), CHAT_ONLY),
     ModelSpec("fault/html", "200 text/html: a captive portal's login page", _html),
     ModelSpec("fault/json-body", "a whole chat.completion as JSON, even for a stream",
               _json_body),
@@ -1003,7 +1214,7 @@ MODELS: dict[str, ModelSpec] = {spec.id: spec for spec in [
     ModelSpec("fault/cut-before-content", "first K streams: the role chunk, then a clean "
               "close without [DONE] (:K, default 1)", _first_k(1, _role_only)),
     ModelSpec("fault/done-only", "first K streams: data: [DONE] and nothing else (:K, "
-              "default 1)", _first_k(1, _done_only)),
+              "default 1)", _first_k(1, _done_only), CHAT_ONLY),
     ModelSpec("fault/set-cookie", "mock/fast with Set-Cookie: fanout_session=<random>",
               _set_cookie),
 ]}
@@ -1016,14 +1227,19 @@ MODELS.update(JUDGE_MODELS)
 
 
 def plan_chat(request: ChatRequest, context: Context) -> Plan:
-    """The plan for a chat-completions request, or a 404 for an unknown model."""
+    """The plan for a request of any route (``request.api``), or a 404 for an unknown
+    model, or one this route does not serve."""
     spec = MODELS.get(request.name)
     if spec is not None:
+        if request.api not in spec.apis:
+            return _error(request, 404, f"The model '{request.model}' is served on "
+                          "/v1/chat/completions only (fanout mock --list).",
+                          "invalid_request_error", param="model", code="model_not_found")
         return spec.plan(request, context)
     if request.name.startswith("replay/"):
         plan = plan_replay(request, context, request.name.removeprefix("replay/"))
         if plan is not None:
             return plan
-    return error_plan(404, f"The model '{request.model}' does not exist. "
-                      "GET /v1/models lists the models of this upstream.",
-                      "invalid_request_error", param="model", code="model_not_found")
+    return _error(request, 404, f"The model '{request.model}' does not exist. "
+                  "GET /v1/models lists the models of this upstream.",
+                  "invalid_request_error", param="model", code="model_not_found")

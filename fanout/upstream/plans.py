@@ -37,9 +37,14 @@ __all__ = [
 
 @attrs.frozen
 class Send:
-    """Write these bytes of the body (the server may split them: see fragment.py)."""
+    """Write these bytes of the body (the server may split them: see fragment.py).
+
+    ``terminal``: these bytes are the dialect's end-of-stream event (``[DONE]``,
+    ``response.completed``, ``message_stop``), which some faults leave out.
+    """
 
     data: bytes
+    terminal: bool = False
 
 
 @attrs.frozen
@@ -117,7 +122,9 @@ class ChatRequest:
     ``args`` what followed ``:`` (``fault/429:3`` -> ``("3",)``); ``fragment``
     what followed ``@`` or the ``X-Fanout-Fragment`` header; ``api_key`` the
     bearer token of the ``Authorization`` header (only ``fault/echo-key``
-    uses it, to echo it back; never in a repr).
+    uses it, to echo it back; never in a repr; Anthropic's ``x-api-key``).
+    The other routes' requests are made into this same shape (``api`` says
+    which route), so a model plans one answer for all of them.
     """
 
     model: str
@@ -137,6 +144,8 @@ class ChatRequest:
     delay: float | None = None  # X-Fanout-Delay: the slow fault's delay
     retry_after: float = 1.0  # X-Fanout-Retry-After: seconds, for fault/429
     api_key: str | None = attrs.field(default=None, repr=False)
+    #: The route it came by: "chat", "responses" (/v1/responses) or "anthropic" (/v1/messages).
+    api: str = "chat"
 
     @property
     def prompt(self) -> str:
@@ -148,8 +157,12 @@ class ChatRequest:
 
     @property
     def conversation(self) -> str:
-        """A stable key of what was asked: retries of one request share it."""
-        blob = json.dumps([self.model, self.messages, self.seed], sort_keys=True, default=str)
+        """A stable key of what was asked: retries of one request share it (the same
+        question by another route is another conversation)."""
+        asked: list[Any] = [self.model, self.messages, self.seed]
+        if self.api != "chat":
+            asked.append(self.api)
+        blob = json.dumps(asked, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     @property

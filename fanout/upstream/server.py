@@ -24,6 +24,7 @@ import h11
 import trio
 
 from .capture import PACKAGED_CAPTURES, find_captures
+from .dialects import anthropic_error_plan, parse_messages_request, parse_responses_request
 from .fragment import COALESCE_LIMIT, Fragmenter
 from .models import MODELS, Context, plan_chat
 from .plans import (
@@ -53,14 +54,16 @@ class UpstreamStats:
     """What a running upstream has seen, live: for tests that assert on connections.
 
     ``connections_open`` counts connections accepted and not yet closed by the
-    server; ``requests`` counts chat-completion requests by model id as sent
-    (``fault/429:2@byte``), bad requests and other paths not included.
+    server; ``requests`` counts model requests (every route) by model id as sent
+    (``fault/429:2@byte``), bad requests and other paths not included; ``routes``
+    counts them by route (``"chat"``, ``"responses"``, ``"anthropic"``).
     """
 
     connections_open: int = 0
     connections_opened: int = 0
     connections_closed: int = 0
     requests: dict[str, int] = attrs.Factory(dict)
+    routes: dict[str, int] = attrs.Factory(dict)
     _changed: trio.Event = attrs.Factory(trio.Event)
 
     async def wait_for(self, predicate: Callable[[UpstreamStats], bool]) -> None:
@@ -85,8 +88,9 @@ class UpstreamStats:
         self.connections_closed += 1
         self._touch()
 
-    def _request(self, model: str) -> None:
+    def _request(self, model: str, api: str = "chat") -> None:
         self.requests[model] = self.requests.get(model, 0) + 1
+        self.routes[api] = self.routes.get(api, 0) + 1
         self._touch()
 
 
@@ -119,7 +123,14 @@ class _Upstream:
         path = target.split("?", 1)[0].rstrip("/")
         if "cookie" in headers:
             self.context.cookies_seen.append(headers["cookie"])
-        if self.key is not None and not _authorized(headers.get("authorization", ""), self.key):
+        if path == "/v1/messages":  # Anthropic's route: its header, its error shape
+            if self.key is not None and not _key_matches(headers.get("x-api-key", ""),
+                                                         self.key):
+                return anthropic_error_plan(401, "invalid x-api-key", "authentication_error")
+        elif self.key is not None and not (
+                _authorized(headers.get("authorization", ""), self.key)
+                or (path == "/v1/models" and _key_matches(headers.get("x-api-key", ""),
+                                                          self.key))):
             # Never echo what was sent: it may be someone's real key.
             return error_plan(401, "Incorrect API key provided.", "invalid_request_error",
                               code="invalid_api_key")
@@ -139,6 +150,21 @@ class _Upstream:
             except RequestError as exc:
                 return error_plan(400, exc.message, "invalid_request_error", param=exc.param)
             self.stats._request(request.model)
+            return plan_chat(request, self.context)
+        if path in ("/v1/responses", "/v1/messages"):
+            anthropic = path == "/v1/messages"
+            if method != "POST":
+                message = f"{method} is not allowed on {path}."
+                return (anthropic_error_plan(405, message, "invalid_request_error") if anthropic
+                        else error_plan(405, message, "invalid_request_error"))
+            try:
+                request = (parse_messages_request if anthropic else parse_responses_request)(
+                    body, headers)
+            except RequestError as exc:
+                if anthropic:
+                    return anthropic_error_plan(400, exc.message, "invalid_request_error")
+                return error_plan(400, exc.message, "invalid_request_error", param=exc.param)
+            self.stats._request(request.model, request.api)
             return plan_chat(request, self.context)
         return error_plan(404, f"No route for {method} {path}.", "invalid_request_error")
 
@@ -323,7 +349,11 @@ def _latin1(value: str) -> bytes:
 
 def _authorized(header: str, key: str) -> bool:
     scheme, _, token = header.partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+    return scheme.lower() == "bearer" and _key_matches(token, key)
+
+
+def _key_matches(sent: str, key: str) -> bool:
+    return hmac.compare_digest(sent.strip().encode(), key.encode())
 
 
 async def _read_request(connection: h11.Connection, stream: trio.SocketStream
@@ -373,9 +403,11 @@ async def serve_upstream(
     captures: Sequence[Path] = (PACKAGED_CAPTURES,),
     task_status: trio.TaskStatus[RunningUpstream] = trio.TASK_STATUS_IGNORED,
 ) -> NoReturn:
-    """Serve the embedded OpenAI-compatible upstream until cancelled.
+    """Serve the embedded upstream until cancelled: ``POST /v1/chat/completions``,
+    ``/v1/responses`` and ``/v1/messages`` (Anthropic), from the same models.
 
-    ``key``: require ``Authorization: Bearer <key>`` (401 otherwise).
+    ``key``: require ``Authorization: Bearer <key>`` (``x-api-key: <key>`` on
+    ``/v1/messages``), 401 otherwise.
     ``cadence``: seconds between chunks for every model (default: each
     model's own).  ``fragment``: the default fragmenting mode.  ``captures``:
     directories whose captures are served as ``replay/<name>``.

@@ -233,3 +233,30 @@ def test_a_price_needs_input_and_output() -> None:
     price = config.models[0].price
     assert price is not None
     assert (price.input, price.output, price.cached_input) == (1.0, 2.5, 0.5)
+
+
+@pytest.mark.parametrize("api", ["responses", "anthropic"])
+async def test_a_judge_in_another_dialect_grades_the_same(tmp_path: Path, api: str,
+                                                          upstream: RunningUpstream) -> None:
+    """A judge model with ``api = ...`` is asked in its own dialect (its route, its body),
+    and its verdicts are the chat judge's."""
+    config = parse_config(f'[endpoint]\nbase_url = "{upstream.base_url}"\n'
+                          f'[[models]]\nname = "judge"\nid = "mock/judge"\napi = "{api}"\n'
+                          '[[scorers]]\nname = "judged"\nkind = "judge"\nmodel = "judge"\n',
+                          "t.toml")
+    path = tmp_path / "s.jsonl"
+    writer = ScoresFile(path)
+    try:
+        scoring = Scoring(config, select_scorers(config, ("judged",)), writer)
+        for record in RECORDS:
+            scoring.add(record)
+        scoring.close()
+        await scoring.run(Endpoint(upstream.base_url))
+    finally:
+        writer.close()
+    verdicts = {k[0]: (s["status"], s["passed"]) for k, s in read_scores(path).items()}
+    assert verdicts == {work_key("right", "writer", 0): ("scored", True),
+                        work_key("wrong", "writer", 0): ("scored", False),
+                        work_key("either", "writer", 0): ("scored", True),
+                        work_key("cut", "writer", 0): ("unscored", None)}
+    assert upstream.stats.routes == {api: 3}  # /v1/responses or /v1/messages, none else

@@ -1,0 +1,261 @@
+"""What the Responses and Anthropic interpreters share: one typed event in, events out.
+
+Both dialects send one JSON object per server-sent event, named twice: by the
+SSE ``event:`` field and by the object's ``type``.  Servers differ (a relay
+may drop the ``event:`` lines, or label every event ``message``), so the
+rule is:
+
+- ``event: error`` is an error whatever its data (as for chat);
+- otherwise the JSON ``type`` names the event when it is a string, else the
+  SSE event name does (when it is not the default ``message``);
+- an object named by neither is an error when it has a truthy ``error`` key,
+  else a skipped frame;
+- a name the interpreter has no handler for is counted in
+  ``ignored_events`` and ignored: both vendors add event types over time;
+- ``data: [DONE]`` (some relays append it) is counted there too: it ends
+  neither dialect's stream;
+- after the terminal event every event is counted in ``ignored_after_done``.
+
+Malformed JSON, a non-object, and an event that breaks the dialect's rules
+(a delta for a block that was never started, a negative index) are skipped
+frames in resilient mode (``FrameSkipped``) and raise ``MalformedFrame`` in
+strict mode.  Every string passes the stream's ``Redactor`` first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+from .._exceptions import MalformedFrame
+from . import _json
+from .chat import MAX_TOOL_CALLS
+from .events import CoreEvent, ErrorReported, FrameSkipped, ResponseInfo
+from .redact import Redactor
+from .result import StreamError
+from .sse import ServerSentEvent
+
+__all__ = ["MAX_BLOCKS", "DialectInterpreter"]
+
+#: Distinct content blocks (Anthropic) or output items (Responses) one stream may open.
+MAX_BLOCKS = 1024
+_EXCERPT = 200
+_NO_REDACTION = Redactor()
+
+Handler = Callable[[dict[str, Any], str, list[CoreEvent]], None]
+
+
+class DialectInterpreter:
+    """The shared machinery; ``ResponsesInterpreter`` and ``AnthropicInterpreter``
+    add the handlers.  ``terminal`` names the event that completes a stream."""
+
+    terminal: ClassVar[str] = ""
+    __slots__ = (
+        "_content_key",
+        "_handlers",
+        "_max_blocks",
+        "_max_tool_calls",
+        "_meta",
+        "_redacting",
+        "_redactor",
+        "_stream",
+        "done",
+        "ignored_after_done",
+        "ignored_events",
+        "strict",
+    )
+
+    def __init__(self, *, strict: bool = False, stream: str = "", content_key: str = "",
+                 redactor: Redactor | None = None, max_tool_calls: int = MAX_TOOL_CALLS,
+                 max_blocks: int = MAX_BLOCKS) -> None:
+        self.strict = strict
+        #: The terminal event arrived: later events are counted, not read.
+        self.done = False
+        self.ignored_after_done = 0
+        #: Events of a type this interpreter does not use (counted, never errors).
+        self.ignored_events = 0
+        self._stream = stream
+        self._content_key = content_key
+        self._redactor = redactor if redactor else _NO_REDACTION
+        self._redacting = bool(redactor)
+        self._max_tool_calls = max_tool_calls
+        self._max_blocks = max_blocks
+        self._meta: tuple[Any, Any] = (None, None)
+        self._handlers: dict[str, Handler] = self._table()
+
+    def _table(self) -> dict[str, Handler]:  # pragma: no cover - every dialect overrides it
+        return {}
+
+    def interpret(self, event: ServerSentEvent) -> list[CoreEvent]:
+        """Return the normalized events one server-sent event carries."""
+        out: list[CoreEvent] = []
+        self.interpret_into(event, out)
+        return out
+
+    def interpret_into(self, event: ServerSentEvent | str | tuple[str, str],
+                       out: list[CoreEvent]) -> None:
+        """Like ``interpret``, appending to ``out`` (the parser's hot path).
+
+        A plain ``str`` is the data of a ``message`` event; a ``(data, name)``
+        pair, an event named ``name`` (``SSEDecoder``'s shortcuts).
+        """
+        if self.done:
+            self.ignored_after_done += 1
+            return
+        if type(event) is tuple:
+            data, event_type = event
+        elif type(event) is str:
+            data = event
+            event_type = "message"
+        else:
+            data = event.data  # type: ignore[union-attr]
+            event_type = event.event  # type: ignore[union-attr]
+        redacting = self._redacting
+        if redacting:
+            data = self._redactor.text(data)
+            event_type = self._redactor.text(event_type)
+        if event_type == "error":
+            try:
+                payload: Any = self._redactor.value(_loads_checked(data))
+            except (ValueError, RecursionError):
+                payload = data
+            self._report_error(payload, out)
+            return
+        try:
+            chunk = _json.loads(data)
+        except (ValueError, RecursionError):
+            try:
+                chunk = _json.loads_stdlib(data)
+            except (ValueError, RecursionError) as exc:
+                if data.strip() == "[DONE]":
+                    self.ignored_events += 1
+                    return
+                self._skip(f"invalid JSON: {_first_line(exc)}", data, out)
+                return
+        if type(chunk) is not dict:
+            self._skip(f"JSON {type(chunk).__name__}, not an object", data, out)
+            return
+        if redacting and "\\u00" in data:  # a secret may hide behind JSON escapes
+            chunk = self._redactor.value(chunk)
+        kind = chunk.get("type")
+        try:
+            handler = self._handlers.get(kind)
+        except TypeError:  # an unhashable type: a list, an object
+            handler = None
+        if handler is None:
+            if type(kind) is not str:
+                kind = event_type if event_type != "message" else None
+                if kind is None:
+                    if chunk.get("error"):
+                        self._report_error(chunk, out)
+                    else:
+                        self._skip("an event with neither a type nor an event name", data, out)
+                    return
+                handler = self._handlers.get(kind)
+            if handler is None:
+                self.ignored_events += 1
+                return
+        handler(chunk, data, out)
+
+    def interpret_all(self, events: Sequence[ServerSentEvent | str | tuple[str, str]],
+                      out: list[CoreEvent]) -> None:
+        """``interpret_into`` for each event in order (the parser's hot path).
+
+        The common case (a ``(data, name)`` pair whose data is a JSON object of
+        a known type, no secrets to redact) is read here without a call per
+        event; every other event goes through ``interpret_into``.
+        """
+        if self._redacting:
+            for event in events:
+                self.interpret_into(event, out)
+            return
+        handlers = self._handlers
+        loads = _json.loads
+        for event in events:
+            if type(event) is tuple and not self.done:
+                data, name = event
+                if name != "error":
+                    try:
+                        chunk = loads(data)
+                    except (ValueError, RecursionError):
+                        pass
+                    else:
+                        if type(chunk) is dict:
+                            kind = chunk.get("type")
+                            handler = handlers.get(kind) if type(kind) is str else None
+                            if handler is not None:
+                                handler(chunk, data, out)
+                                continue
+            self.interpret_into(event, out)
+
+    # -- shared helpers -----------------------------------------------------------------
+
+    def _report_error(self, payload: Any, out: list[CoreEvent]) -> None:
+        out.append(ErrorReported(self._error(payload), self._stream, self._content_key))
+
+    def _error(self, payload: Any) -> StreamError:
+        """The ``StreamError`` an error event stands for (each dialect spells it its way)."""
+        from .chat import error_from_payload
+
+        return error_from_payload(payload)
+
+    def _info(self, response_id: Any, model: Any, out: list[CoreEvent]) -> None:
+        """A ``ResponseInfo`` when the id or model is new or changed (``None`` changes nothing)."""
+        meta = self._meta
+        if response_id is None and model is None:
+            return
+        if response_id is None:
+            response_id = meta[0]
+        if model is None:
+            model = meta[1]
+        if (response_id, model) != meta:
+            self._meta = (response_id, model)
+            out.append(ResponseInfo(_str_or_none(response_id), _str_or_none(model), None,
+                                    self._stream, self._content_key))
+
+    def _skip(self, reason: str, data: str, out: list[CoreEvent]) -> None:
+        if self.strict:
+            raise MalformedFrame(reason, data)
+        out.append(FrameSkipped(reason, data[:_EXCERPT], self._stream, self._content_key))
+
+    def _index(self, value: Any, what: str, data: str, out: list[CoreEvent]) -> int | None:
+        """``value`` as a non-negative integer index, else a skipped frame and ``None``."""
+        if type(value) is not int:
+            self._skip(f"{what} {_short(value)} is not an integer" if value is not None
+                       else f"{what} is missing", data, out)
+            return None
+        if value < 0:
+            self._skip(f"{what} {value} is negative", data, out)
+            return None
+        return value
+
+
+def _loads_checked(text: str) -> Any:
+    try:
+        return _json.loads(text)
+    except (ValueError, RecursionError):
+        return _json.loads_stdlib(text)
+
+
+def _str_or_none(value: Any) -> str | None:
+    if value is None or type(value) is str:
+        return value
+    return str(value)
+
+
+def _str_value(value: Any) -> str | None:
+    """A non-empty string, else ``None``."""
+    return value if type(value) is str and value else None
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if type(value) is int else None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
