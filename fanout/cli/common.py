@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
+import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import TextIO
@@ -12,7 +15,8 @@ from rich.console import Console
 
 from ..request import Endpoint
 
-__all__ = ["format_seconds", "interrupt_on_sigint", "only", "open_endpoint", "text_console"]
+__all__ = ["format_seconds", "interrupt_on_sigint", "only", "open_endpoint", "silence_stdout",
+           "text_console"]
 
 
 def text_console(file: TextIO, *, wide: bool = False) -> Console:
@@ -24,6 +28,15 @@ def text_console(file: TextIO, *, wide: bool = False) -> Console:
     if wide and not console.is_terminal:
         console = Console(file=file, highlight=False, emoji=False, markup=False, width=240)
     return console
+
+
+def silence_stdout() -> None:
+    """The reader of stdout went away (``| head``): nothing more goes there, and no
+    traceback either, now or when the interpreter flushes stdout at exit."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 async def interrupt_on_sigint(first: Callable[[], None]) -> None:

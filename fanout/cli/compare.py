@@ -10,8 +10,6 @@ Ctrl-C.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -32,7 +30,7 @@ from ..core.result import Flag, Outcome
 from ..fanout import Fanout, open_fanout
 from ..records import dumps
 from ..request import Endpoint, StreamRequest
-from .common import interrupt_on_sigint, open_endpoint, text_console
+from .common import interrupt_on_sigint, open_endpoint, silence_stdout, text_console
 from .common import only as _only
 from .records import event_record
 from .render import Column, CompareView, cut_advice, cut_line, inert, summary_table
@@ -120,7 +118,7 @@ def run_compare(options: CompareOptions, *, console: Console | None = None,
         trio.run(session.run, endpoint)
     except BaseException as exc:
         if _only(exc, BrokenPipeError):
-            _silence_stdout()  # the reader went away (`| head`)
+            silence_stdout()  # the reader went away (`| head`)
             return 1
         if _only(exc, KeyboardInterrupt):
             return EXIT_INTERRUPTED  # a second Ctrl-C: out at once
@@ -306,8 +304,3 @@ def _choices(model: ModelConfig) -> int:
     return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
 
 
-def _silence_stdout() -> None:
-    # The reader went away (``| head``): no traceback, and none at exit either.
-    with contextlib.suppress(OSError, ValueError):
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())

@@ -22,6 +22,7 @@ from ..upstream.fragment import MODES, Fragmenter
 from ..upstream.models import MODELS
 from ..upstream.server import RunningUpstream, serve_upstream
 from .common import only as _only
+from .common import silence_stdout
 
 __all__ = ["main"]
 
@@ -309,8 +310,17 @@ def _is_loopback(host: str) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status."""
+    """Run the command line; returns the exit status (1, quietly, when the reader of
+    stdout went away: ``fanout mock --list | head``)."""
     args = _parser().parse_args(argv)
+    try:
+        return _run(args)
+    except BrokenPipeError:
+        silence_stdout()
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "mock":
         return _mock(args)
     if args.command == "compare":

@@ -90,3 +90,21 @@ def test_bad_options_get_one_line_errors(arguments: list[str], message: str) -> 
     assert out.returncode == 2
     assert out.stderr.startswith(message)
     assert out.stderr.count("\n") == 1  # one line
+
+
+def test_a_reader_that_goes_away_gets_no_traceback() -> None:
+    """``fanout mock --list | head -1``: the rest is not written, nothing on stderr, exit 1."""
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-m", "fanout.cli.main", "mock", "--list"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               bufsize=0)
+    assert process.stdout is not None and process.stderr is not None
+    first = process.stdout.read(64)
+    process.stdout.close()  # the reader goes away after its first line
+    with process.stderr:
+        stderr = process.stderr.read().decode()
+    assert process.wait(timeout=60) == 1
+    assert first.startswith(b"mock/")
+    assert stderr == ""
