@@ -71,10 +71,12 @@ def test_real_json_output_holds_every_record_type_the_readme_lists(tmp_path: Pat
         listed_line))]
     listed = set(re.findall(r"`([a-z_]+)`", block)) | {"result"}
     models = ["mock/reasoning", "mock/tools", "mock/refusal", "fault/garbage", "fault/429:1",
-              "fault/error-event"]
+              "fault/error-event", "mock/reasoning"]
+    apis = {6: "anthropic"}  # its thinking block, with its signature: a thinking_block record
     config = tmp_path / "all.toml"
     config.write_text('[endpoint]\nbase_url = "embedded"\n' + "".join(
-        f'[[models]]\nname = "m{i}"\nid = "{model}"\n' for i, model in enumerate(models)))
+        f'[[models]]\nname = "m{i}"\nid = "{model}"\napi = "{apis.get(i, "chat")}"\n'
+        for i, model in enumerate(models)))
     picks = [arg for i in range(len(models)) for arg in ("-m", f"m{i}")]
     out = subprocess.run([sys.executable, "-m", "fanout.cli.main", "compare", "hi", "--json",
                           "--config", str(config), *picks],
