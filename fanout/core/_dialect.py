@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 from .._exceptions import MalformedFrame
 from . import _json
-from .chat import MAX_TOOL_CALLS
+from .chat import MAX_TOOL_CALLS, other_dialect
 from .events import CoreEvent, ErrorReported, FrameSkipped, ResponseInfo
 from .redact import Redactor
 from .result import StreamError
@@ -50,6 +50,8 @@ class DialectInterpreter:
     add the handlers.  ``terminal`` names the event that completes a stream."""
 
     terminal: ClassVar[str] = ""
+    #: The dialect's name (``StreamParser(api=...)``).
+    api: ClassVar[str] = ""
     __slots__ = (
         "_content_key",
         "_handlers",
@@ -148,12 +150,19 @@ class DialectInterpreter:
                 if kind is None:
                     if chunk.get("error"):
                         self._report_error(chunk, out)
+                    elif "choices" in chunk:  # the commonest mistake: the wrong api
+                        self._skip('a Chat Completions chunk (choices, no type): is this '
+                                   'model\'s api "chat"?', data, out)
                     else:
                         self._skip("an event with neither a type nor an event name", data, out)
                     return
                 handler = self._handlers.get(kind)
             if handler is None:
-                self.ignored_events += 1
+                foreign = other_dialect(kind) if type(kind) is str else None
+                if foreign and foreign[0] != self.api:
+                    self._skip(foreign[1], data, out)  # another dialect's event: the wrong api
+                else:
+                    self.ignored_events += 1
                 return
         handler(chunk, data, out)
 

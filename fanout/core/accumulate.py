@@ -319,6 +319,11 @@ class Accumulator:
             else:
                 where = "before any event " + (f"({bytes_received} bytes)" if bytes_received
                                                else "(empty body)")
+            if not self.content_events and self.skip_reasons:
+                # Nothing readable came: what the frames were says why (often the wrong api).
+                plural = "s" if self.skipped_frames != 1 else ""
+                where += (f" ({self.skipped_frames} frame{plural} skipped: "
+                          f"{self.skip_reasons[0]})")
             if error is not None:
                 return _one_line(f"the connection broke {where}: {error.message}")
             return f"the body ended {where}"

@@ -115,6 +115,7 @@ class AnthropicInterpreter(DialectInterpreter):
     """
 
     terminal: ClassVar[str] = "message_stop"
+    api: ClassVar[str] = "anthropic"
     __slots__ = ("_blocks", "_opened", "_role", "_tools", "_usage")
 
     def __init__(self, *, strict: bool = False, stream: str = "", content_key: str = "",

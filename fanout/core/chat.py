@@ -200,6 +200,12 @@ class ChatChunkInterpreter:
                 if finish_reason is not None and finish_reason != "":
                     out.append(ChoiceFinished(index, str(finish_reason), stream, key))
 
+        elif choices is None and type(chunk.get("type")) is str:
+            foreign = other_dialect(chunk["type"])
+            if foreign:  # no chat chunk at all: say what it looks like (the wrong api)
+                self._skip(foreign[1], data, out)
+                return
+
         usage = chunk.get("usage")
         if usage and type(usage) is dict:
             out.append(UsageReported(Usage.from_dict(usage), stream, key))
@@ -280,6 +286,24 @@ class ChatChunkInterpreter:
         if self.strict:
             raise MalformedFrame(reason, data)
         out.append(FrameSkipped(reason, data[:_EXCERPT], self._stream, self._content_key))
+
+
+#: Event types no chat chunk has, that only the other dialects' streams carry.
+_ANTHROPIC_TYPES = frozenset(("message_start", "content_block_start", "content_block_delta",
+                              "content_block_stop", "message_delta", "message_stop"))
+
+
+_IS_IT = "is this model's api \"%s\"?"
+
+
+def other_dialect(kind: str) -> tuple[str, str] | None:
+    """``(api, why)`` for an event type only that dialect's streams carry, else ``None``:
+    seen in a stream of another dialect, the model's ``api`` is likely wrong."""
+    if kind in _ANTHROPIC_TYPES:
+        return "anthropic", f"an Anthropic Messages event ({kind}): {_IS_IT % 'anthropic'}"
+    if kind.startswith("response.") and len(kind) < 80:
+        return "responses", f"a Responses API event ({kind}): {_IS_IT % 'responses'}"
+    return None
 
 
 def completion_events(payload: Any, stream: str = "", content_key: str = "",

@@ -105,6 +105,7 @@ class ResponsesInterpreter(DialectInterpreter):
     """
 
     terminal: ClassVar[str] = "response.completed or response.incomplete"
+    api: ClassVar[str] = "responses"
     __slots__ = ("_by_id", "_by_output", "_content", "_items", "_role", "_tools")
 
     def __init__(self, *, strict: bool = False, stream: str = "", content_key: str = "",
@@ -324,10 +325,25 @@ class ResponsesInterpreter(DialectInterpreter):
             self._info(response.get("id"), response.get("model"), out)
 
     def _completed(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
-        self._finish(chunk, True, out)
+        self._terminal(chunk, data, True, out)
 
     def _incomplete(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
-        self._finish(chunk, False, out)
+        self._terminal(chunk, data, False, out)
+
+    def _terminal(self, chunk: dict[str, Any], data: str, completed: bool,
+                  out: list[CoreEvent]) -> None:
+        """A terminal event's ``response.status`` outranks its type: a relay that bridges
+        another API may close a failed or cut response with ``response.completed``."""
+        response = chunk.get("response")
+        status = response.get("status") if type(response) is dict else None
+        if status == "failed":
+            self._failed(chunk, data, out)
+        elif status == "cancelled":
+            out.append(ErrorReported(StreamError(
+                f"the response was cancelled ({_short_type(chunk)} with status cancelled)",
+                "response.cancelled"), self._stream, self._content_key))
+        else:
+            self._finish(chunk, completed and status != "incomplete", out)
 
     def _finish(self, chunk: dict[str, Any], completed: bool, out: list[CoreEvent]) -> None:
         response = chunk.get("response")
@@ -392,6 +408,11 @@ class ResponsesInterpreter(DialectInterpreter):
                 return StreamError(message, None if kind == "error" else _str_or_none(kind),
                                    None if code is None else str(code))
         return super()._error(payload)
+
+
+def _short_type(chunk: dict[str, Any]) -> str:
+    kind = chunk.get("type")
+    return kind[:60] if type(kind) is str else "the terminal event"
 
 
 def _nothing(chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:

@@ -264,6 +264,32 @@ def test_failed_is_an_error_with_the_partial_output() -> None:
     assert bare.error == StreamError("the response failed (response.failed)", "response.failed")
 
 
+def test_the_terminal_events_status_outranks_its_type() -> None:
+    """A relay bridging another API may close a cut or failed response with
+    ``response.completed``: its ``response.status`` says what happened."""
+    frames = hello("half")
+    frames[-1] = {"type": "response.completed", "response": {
+        **RESPONSE, "status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"},
+        "usage": USAGE}}
+    cut = parse(*frames)
+    assert (cut.outcome, cut.text, cut.choices[0].finish_reason,
+            cut.choices[0].native_finish_reason) == (
+        Outcome.COMPLETED, "half", "length", "max_output_tokens")
+    frames[-1] = {"type": "response.completed", "response": {
+        **RESPONSE, "status": "failed", "error": {"code": "server_error", "message": KEY}}}
+    failed = parse(*frames, secrets=[KEY])
+    assert (failed.outcome, failed.text, failed.error) == (
+        Outcome.ERROR, "half", StreamError("***", None, "server_error"))
+    frames[-1] = {"type": "response.completed", "response": {**RESPONSE, "status": "cancelled"}}
+    cancelled = parse(*frames)
+    assert (cancelled.outcome, cancelled.text) == (Outcome.ERROR, "half")
+    assert cancelled.reason is not None and "cancelled" in cancelled.reason
+    frames[-1] = {"type": "response.incomplete", "response": {**RESPONSE, "status": "failed"}}
+    assert parse(*frames).outcome is Outcome.ERROR
+    frames[-1] = {"type": "response.completed", "response": {**RESPONSE, "status": "completed"}}
+    assert parse(*frames).outcome is Outcome.COMPLETED
+
+
 @pytest.mark.parametrize("named", [True, False])
 def test_an_error_event_is_an_error_with_the_key_redacted(named: bool) -> None:
     error = {"type": "error", "code": "rate_limit_exceeded", "message": f"slow down {KEY}",
