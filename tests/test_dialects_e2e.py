@@ -93,6 +93,9 @@ def test_batch_on_every_dialect_and_its_resume(tmp_path: Path) -> None:
     keys = {latest[(1, name)]["content_key"] for name in ("writer", "writer-responses",
                                                           "writer-anthropic")}
     assert len(keys) == 3
+    assert {latest[(1, name)]["api"] for name in ("writer", "writer-responses",
+                                                   "writer-anthropic")} == {
+        "chat", "responses", "anthropic"}  # each record says which API answered it
     again = fanout("batch", str(prompts), "-o", str(results), "--config", CONFIG, *models)
     redone = [json.loads(line) for line in results.read_text().splitlines()][len(lines):]
     assert again.returncode == 1
