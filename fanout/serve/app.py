@@ -85,7 +85,7 @@ async def models(request: Request) -> Response:
     config = _service(request).config
     return json_response({"object": "list", "data": [
         {"id": model.name, "object": "model", "owned_by": "fanout", "upstream_id": model.id,
-         "default": model.name in config.compare}
+         "api": model.api, "default": model.name in config.compare}
         for model in config.models]})
 
 

@@ -100,7 +100,8 @@ class FanoutJob:
         return {"type": "fanout", "id": self.running.id, "mode": self.ask.mode,
                 "cancel": f"/v1/fanout/{self.running.id}/cancel",
                 "streams": [{"stream": plan.key, "model": plan.model.name,
-                             "model_id": plan.model.id, "sample": plan.sample,
+                             "model_id": plan.model.id, "api": plan.model.api,
+                             "sample": plan.sample,
                              "content_key": plan.request.content_key(self.service.endpoint)}
                             for plan in self.ask.streams]}
 

@@ -44,11 +44,13 @@ params = { max_tokens = 60 }
 [[models]]
 name = "thinker"
 id = "mock/reasoning:0.03"
+api = "responses"
 params = { max_tokens = 50 }
 
 [[models]]
 name = "tools"
 id = "mock/tools:0.08"
+api = "anthropic"
 
 [[models]]
 name = "flaky"
@@ -155,6 +157,11 @@ def test_four_models_stream_side_by_side_and_end_honestly(page: Any, tmp_path: P
     assert flaky.locator(".status").text_content() == "TRUNCATED"
     assert "[DONE]" in (flaky.locator(".col-reason").text_content() or "")
     assert (flaky.locator(".text").text_content() or "")  # the partial text stays
+    # The dialects (thinker over the Responses API, tools over Anthropic Messages) say so.
+    assert column(page, "thinker").locator(".col-id").text_content() == (
+        "responses: mock/reasoning:0.03")
+    assert column(page, "tools").locator(".col-id").text_content() == "anthropic: mock/tools:0.08"
+    assert column(page, "writer").locator(".col-id").text_content() == "mock/slow"
     thinker = column(page, "thinker")
     assert "loud" in (thinker.locator(".finish").get_attribute("class") or "")
     assert thinker.locator("details.reasoning").is_visible()

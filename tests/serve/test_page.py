@@ -83,6 +83,6 @@ async def test_models_and_health(served: Served) -> None:
     assert models["object"] == "list"
     first = models["data"][0]
     assert first == {"id": "fast", "object": "model", "owned_by": "fanout",
-                     "upstream_id": "mock/fast", "default": True}
+                     "upstream_id": "mock/fast", "api": "chat", "default": True}
     assert [m["id"] for m in models["data"] if m["default"]] == ["fast", "echo"]
     assert health == {"status": "ok"}

@@ -93,6 +93,11 @@
   const LOUD_FINISH = new Set(["length", "content_filter"]);
   const CONTENT = new Set(["text", "reasoning", "refusal", "tool_call"]);
 
+  // A model's id, with its dialect in front when it is not chat (as compare's headers say).
+  function dialectLabel(api, id) {
+    return api && api !== "chat" ? `${api}: ${id}` : id;
+  }
+
   // ---- one column: one stream ----
   class Column {
     constructor(info, started) {
@@ -121,7 +126,7 @@
       const head = el("header", "col-head");
       const title = el("div", "col-title");
       title.append(el("span", "col-name", info.stream));
-      title.append(el("span", "col-id", info.model_id));
+      title.append(el("span", "col-id", dialectLabel(info.api, info.model_id)));
       const badges = el("div", "col-badges");
       this.statusNode = el("span", "status live", "queued");
       this.finishNode = el("span", "finish");
@@ -545,7 +550,7 @@
         check.value = model.id;
         check.checked = anyDefault ? Boolean(model.default) : index < 4;
         label.append(check, el("span", "model-name", model.id),
-                     el("span", "model-id", model.upstream_id));
+                     el("span", "model-id", dialectLabel(model.api, model.upstream_id)));
         box.append(label);
       });
       $("service").textContent = `${list.length} models`;
