@@ -326,3 +326,36 @@ def test_the_benchmark_bodies_are_the_ones_described() -> None:
     assert '"--dialects", default="responses,anthropic"' in source
     assert '"--skip-chat"' in source
     assert "(`--dialects responses,anthropic`, the default; `--skip-chat`" in _flat(BENCHMARKS)
+
+
+def _example_body() -> bytes:
+    """The Anthropic body of the README's parse_stream example, cut before message_stop."""
+    code = _block(DIALECTS, "### What is read", "python")
+    scope: dict[str, Any] = {}
+    exec(code[:code.index("cut = ")], scope)
+    body = scope["body"]
+    assert isinstance(body, bytes)
+    return body
+
+
+def test_the_end_of_stream_rules_and_the_wrong_api_say_what_the_readme_says() -> None:
+    from fanout import parse_stream
+
+    flat = _flat(DIALECTS)
+    wrong = parse_stream([_example_body()], api="chat")
+    assert wrong.outcome.value == "truncated"
+    assert f"the Anthropic body above read with `api=\"chat\"`: `{wrong.reason}`" in flat
+    chunk = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+    created = b'data: {"type":"response.created","response":{"id":"r"}}\n\n'
+    ping = b'event: ping\ndata: {"type":"ping"}\n\n'
+    for api, event in (("chat", chunk), ("responses", created), ("anthropic", ping)):
+        reason = parse_stream([event * 12], api=api).reason
+        assert f"| `{api}` |" in flat and f"`{reason}`" in flat, reason
+    stop = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+    start = _example_body().split(b"\n\n")[0] + b"\n\n"
+    no_reason = parse_stream([start + stop], api="anthropic")
+    assert no_reason.outcome.value == "truncated"
+    assert f"(`message_stop` without one: `{no_reason.reason}`)" in flat
+    # A [DONE] a relay appends completes nothing and is counted.
+    appended = parse_stream([created + b"data: [DONE]\n\n"], api="responses")
+    assert appended.outcome.value == "truncated" and appended.ignored_events == 1
