@@ -360,3 +360,26 @@ def test_the_end_of_stream_rules_and_the_wrong_api_say_what_the_readme_says() ->
     # A [DONE] a relay appends completes nothing and is counted.
     appended = parse_stream([created + b"data: [DONE]\n\n"], api="responses")
     assert appended.outcome.value == "truncated" and appended.ignored_events == 1
+
+
+def test_an_error_event_after_content_ends_the_stream_error_with_its_text() -> None:
+    import trio
+
+    from fanout import run_fanout
+    from fanout.upstream import open_upstream
+
+    shown = re.search(r"\(`fault/error-event` through either dialect: `([^`]+)`\)",
+                      _flat(DIALECTS))
+    assert shown is not None
+    question = [{"role": "user", "content": "hi"}]
+
+    async def main() -> None:
+        async with open_upstream() as upstream:
+            for api in ("responses", "anthropic"):
+                results = await run_fanout(Endpoint(upstream.base_url, api=api), [
+                    StreamRequest("s", "fault/error-event", question)])
+                result = results["s"]
+                assert result.outcome.value == "error" and result.reason == shown.group(1)
+                assert result.text and len(result.attempts) == 1  # kept, not retried
+
+    trio.run(main)
