@@ -166,3 +166,40 @@ def test_the_budget_sessions_print_what_the_readme_shows(tmp_path: Path) -> None
     # Refused before anything was sent: the results file holds nothing.
     other = tmp_path / "other.jsonl"
     assert not other.exists() or other.read_bytes() == b""
+
+
+def test_the_scorer_table_names_every_option_of_every_kind() -> None:
+    from fanout.eval import scorers
+    from fanout.eval.judge import JudgeScorer
+
+    table = _part("### Scorers")
+    rows = {match.group(1): match.group(2)
+            for match in re.finditer(r"^\| `(\w+)` \| (.*?) \|", table, re.M)}
+    classes = {"exact": scorers.Exact, "includes": scorers.Includes, "regex": scorers.Regex,
+               "numeric": scorers.Numeric, "choice": scorers.Choice, "json": scorers.Json,
+               "tool_call": scorers.ToolCall, "finish": scorers.Finish,
+               "python": scorers.Python, "judge": JudgeScorer}
+    assert set(rows) == set(classes) == set(scorers.KINDS)
+    normalisation = {option.name for option in scorers.Exact.OPTIONS} - {"threshold"}
+    for kind, cls in classes.items():
+        names = {option.name for option in cls.OPTIONS} - {"threshold"}
+        if "the normalisation options" in rows[kind]:
+            names -= normalisation
+        for name in names:
+            assert f"`{name}`" in rows[kind], (kind, name)
+        defaults = {option.name: option.default for option in cls.OPTIONS}
+        checked = 0
+        for name, shown in re.findall(r"`(\w+)` \(([^()`,]*)[,)]", rows[kind]):
+            try:
+                value = float(shown)
+            except ValueError:
+                continue  # not a number: a word of the table
+            # a default shown as a number is the option's (``group``'s None is group 0)
+            assert name in defaults and value == float(defaults[name] or 0), (kind, name)
+            checked += 1
+        assert checked or kind not in ("numeric", "regex", "tool_call"), kind
+    assert "`threshold` (every kind, default 1.0)" in _flat_section()
+
+
+def _flat_section() -> str:
+    return " ".join(SECTION.split())
