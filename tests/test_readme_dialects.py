@@ -383,3 +383,30 @@ def test_an_error_event_after_content_ends_the_stream_error_with_its_text() -> N
                 assert result.text and len(result.attempts) == 1  # kept, not retried
 
     trio.run(main)
+
+
+def test_the_demo_summary_is_the_real_one_but_its_timings(tmp_path: Path) -> None:
+    """`make demo`'s closing table: models, outcomes, finish reasons, token counts, characters
+    and notes as the README shows them (TTFT, tok/s, queue and time vary)."""
+    top = README[:README.index("\n## ", README.index("## The two commands") + 1)]
+    shown = _block(top, "and at the end every column in full, then:")
+    done = subprocess.run([sys.executable, "-m", "fanout.cli.main", "compare",
+                           "Tell me about rivers, in a few sentences.", "--config",
+                           str(ROOT / "config/default.toml")], cwd=tmp_path,
+                          env={**os.environ, "COLUMNS": "110"}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+
+    def rows(text: str) -> list[tuple[str, ...]]:
+        found = []
+        for line in text.splitlines():
+            cells = line.split()
+            if cells and cells[0] in ("writer", "thinker", "tools", "smollm2") and len(cells) > 9:
+                # model, outcome, finish, in, out, chars; then the note after the time
+                found.append((*cells[:3], *cells[5:8], " ".join(cells[10:])))
+        return found
+
+    assert rows(done.stdout) == rows(shown) and len(rows(shown)) == 4
+    for header in ("thinker  responses: mock/reasoning:0.05", "tools  anthropic: mock/tools:0.08",
+                   "writer  mock/slow"):
+        assert f"== {header}  done" in done.stdout and header in top
