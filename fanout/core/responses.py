@@ -19,7 +19,10 @@ The mapping (every stream has one choice, index 0):
   order); one for an item already done, or of the wrong kind, is skipped;
 - ``response.function_call_arguments.delta``: an arguments fragment of its
   item's call; a fragment for no known ``function_call`` item, or after the
-  item is done, is skipped (never given to another call).
+  item is done, is skipped (never given to another call).  An ``item_id``
+  never announced is read as the ``function_call`` item its ``call_id`` (on
+  ``output_item.done``) or ``output_index`` names, when there is one: some
+  upstreams give every event a fresh ``item_id``.
   ``function_call_arguments.done`` and ``output_item.done`` carry the
   arguments whole: they are used when no fragment came, and a mismatch with
   the fragments is a skipped frame (the fragments, as streamed, are kept);
@@ -106,13 +109,14 @@ class ResponsesInterpreter(DialectInterpreter):
 
     terminal: ClassVar[str] = "response.completed or response.incomplete"
     api: ClassVar[str] = "responses"
-    __slots__ = ("_by_id", "_by_output", "_content", "_items", "_role", "_tools")
+    __slots__ = ("_by_call", "_by_id", "_by_output", "_content", "_items", "_role", "_tools")
 
     def __init__(self, *, strict: bool = False, stream: str = "", content_key: str = "",
                  redactor: Redactor | None = None, max_tool_calls: int = 128,
                  max_blocks: int = 1024) -> None:
         self._by_id: dict[str, _Item] = {}
         self._by_output: dict[int, _Item] = {}
+        self._by_call: dict[str, _Item] = {}  # function_call items by their call_id
         self._items = 0
         self._tools = 0
         self._role = False
@@ -192,6 +196,23 @@ class ResponsesInterpreter(DialectInterpreter):
             return self._by_output.get(output_index)
         return None
 
+    def _find_call(self, chunk: dict[str, Any], item: dict[str, Any] | None = None
+                   ) -> _Item | None:
+        """The item a function-call event is for: by ``item_id``; for an ``item_id``
+        never announced, the ``function_call`` item its ``call_id`` or its
+        ``output_index`` names (GitHub Copilot's stream, passed on by LiteLLM, gives
+        every event of one item a fresh ``item_id``: LiteLLM #30071), so the
+        arguments are neither lost nor given to a second call."""
+        state = self._find(chunk)
+        if state is not None:
+            return state
+        call_id = _str_value(item.get("call_id")) if item is not None else None
+        if call_id and call_id in self._by_call:
+            return self._by_call[call_id]
+        output_index = chunk.get("output_index")
+        found = self._by_output.get(output_index) if type(output_index) is int else None
+        return found if found is not None and found.kind == "function_call" else None
+
     # -- output items -------------------------------------------------------------------
 
     def _item_added(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
@@ -238,6 +259,9 @@ class ResponsesInterpreter(DialectInterpreter):
                                   self._stream, self._content_key))
         if kind == "function_call":
             self._content = True
+            call_id = _str_value(item.get("call_id"))
+            if call_id:
+                self._by_call.setdefault(call_id, state)
             state.tool_index = self._tools
             self._tools += 1
             arguments = _arguments_text(item.get("arguments"))
@@ -256,6 +280,8 @@ class ResponsesInterpreter(DialectInterpreter):
             return
         item_id = _str_value(item.get("id"))
         state = self._by_id.get(item_id) if item_id else self._find(chunk)
+        if state is None and item.get("type") == "function_call":
+            state = self._find_call(chunk, item)
         if state is None:
             if item.get("type") != "function_call":
                 return  # a message item seen only at its end: its text came as deltas or not
@@ -290,7 +316,7 @@ class ResponsesInterpreter(DialectInterpreter):
 
     def _call(self, chunk: dict[str, Any], what: str, data: str,
               out: list[CoreEvent]) -> _Item | None:
-        state = self._find(chunk)
+        state = self._find_call(chunk)
         where = _short(chunk.get("item_id") or chunk.get("output_index"))
         if state is None:
             self._skip(f"{what} for item {where}, which was never added", data, out)
