@@ -28,7 +28,9 @@ The mapping (every stream has one choice, index 0):
   the fragments is a skipped frame (the fragments, as streamed, are kept);
 - ``response.completed``: ``UsageReported`` from ``response.usage``, finish
   ``stop`` (``tool_calls`` when the output has function calls; native
-  ``completed``), ``DoneReceived``;
+  ``completed``), ``DoneReceived``.  Its ``output`` is read as deltas when no
+  delta came; otherwise only the ``function_call`` items no event announced
+  are (a bridge may list a call it never streamed);
 - ``response.incomplete``: finish from ``incomplete_details.reason``
   (``max_output_tokens`` → ``length``, ``content_filter`` → ``content_filter``,
   any other kept as sent; native: the reason), usage, ``DoneReceived``;
@@ -377,8 +379,13 @@ class ResponsesInterpreter(DialectInterpreter):
             response = {}
         self._info(response.get("id"), response.get("model"), out)
         output = response.get("output")
-        if not self._content and output and type(output) is list:
-            self._replay(output, out)
+        if output and type(output) is list:
+            if not self._content:
+                self._replay(output, out)
+            else:
+                unseen = [item for item in output if self._unseen_call(item)]
+                if unseen:
+                    self._replay(unseen, out)
         usage = response.get("usage")
         if usage and type(usage) is dict:
             out.append(UsageReported(responses_usage(usage), self._stream, self._content_key))
@@ -403,10 +410,22 @@ class ResponsesInterpreter(DialectInterpreter):
                                       max_tool_calls=self._max_tool_calls,
                                       max_blocks=self._max_blocks)
         replay._role = self._role
+        replay._tools, replay._items = self._tools, self._items  # the caps hold overall
         for frame in _output_frames(output):
             replay._handlers[frame["type"]](frame, "", out)
         self._tools = replay._tools
         self._role = replay._role
+
+    def _unseen_call(self, item: Any) -> bool:
+        """A ``function_call`` of the terminal event's output that no event announced (a
+        bridge that lists, in ``response.completed``, a call it never streamed: LiteLLM
+        #36375): read from the output, so ``tool_calls`` never comes without its call.
+        Message items are not: their text may have streamed under another id."""
+        if type(item) is not dict or item.get("type") != "function_call":
+            return False
+        item_id, call_id = _str_value(item.get("id")), _str_value(item.get("call_id"))
+        return not ((item_id and item_id in self._by_id)
+                    or (call_id and call_id in self._by_call))
 
     def _failed(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
         response = chunk.get("response")

@@ -573,3 +573,50 @@ def test_llama_cpp_reasoning_text_and_completed_usage_of_its_own() -> None:
     assert (result.outcome, result.choices[0].reasoning, result.text, result.ignored_events) == (
         Outcome.COMPLETED, "Hmm", "Hi", 2)
     assert result.usage is not None and result.usage.raw["timings"] == {"predicted_n": 2}
+
+
+def test_a_call_listed_only_in_response_completed_is_read_from_it() -> None:
+    """LiteLLM PR #36375 ("``response.completed`` arrives listing an item whose id
+    never appeared in any ``output_item.added``"): text streamed, the function call
+    only in the final output.  The call is read from the output (finish
+    ``tool_calls`` never comes without its call); the text is not read twice."""
+    call = {"id": "fc_9", "type": "function_call", "call_id": "call_9", "name": "lookup",
+            "arguments": '{"place": "Oslo"}', "status": "completed"}
+    result = parse("responses", sse(created()),
+                   sse({"type": "response.output_item.added", "output_index": 0,
+                        "item": message_item()}),
+                   sse(text_delta("Checking.")),
+                   sse(completed([message_item(text="Checking."), call])))
+    assert (result.outcome, result.text, result.choices[0].finish_reason) == (
+        Outcome.COMPLETED, "Checking.", "tool_calls")
+    (tool,) = result.choices[0].tool_calls
+    assert (tool.id, tool.name, tool.parsed) == ("call_9", "lookup", {"place": "Oslo"})
+
+
+def test_a_streamed_call_is_not_read_again_from_the_output() -> None:
+    """The converse: a call streamed under its ids and listed again in
+    ``response.completed`` (every conforming server) stays one call."""
+    call = {"id": "fc_1", "type": "function_call", "call_id": "call_1", "name": "f",
+            "arguments": ""}
+    result = parse("responses", sse(created()),
+                   sse({"type": "response.output_item.added", "output_index": 0, "item": call}),
+                   sse({"type": "response.function_call_arguments.delta", "item_id": "fc_1",
+                        "output_index": 0, "delta": "{}"}),
+                   sse(completed([{**call, "arguments": "{}"}])))
+    assert [t.arguments for t in result.choices[0].tool_calls] == ["{}"]
+
+
+def test_litellm_nim_thinking_delta_into_a_text_block_is_skipped_and_said() -> None:
+    """LiteLLM #33224 (NVIDIA NIM Nemotron behind ``/v1/messages``): a block opened as
+    ``text`` receives ``thinking_delta`` events (Claude Code: ``Content block is not
+    a thinking block``).  fanout never puts them into the text: each is a skipped
+    frame naming the mismatch, the answer text is kept, the result flagged
+    ``skipped_frames`` (so reasoning may be missing, and it says so)."""
+    result = parse("anthropic", sse(message_start()), sse(block_start(0)),
+                   sse(delta(0, "thinking_delta", thinking="Reason.")),
+                   sse(delta(0, "text_delta", text="Answer.")), sse(block_stop(0)),
+                   sse(message_delta("end_turn", {"output_tokens": 3})), sse(STOP))
+    assert (result.outcome, result.text, result.choices[0].reasoning) == (
+        Outcome.COMPLETED, "Answer.", "")
+    assert result.skip_reasons == ("thinking_delta for block 0, a text block",)
+    assert Flag.SKIPPED_FRAMES in result.flags
