@@ -20,9 +20,10 @@ The mapping (every stream has one choice, index 0):
 - ``response.function_call_arguments.delta``: an arguments fragment of its
   item's call; a fragment for no known ``function_call`` item, or after the
   item is done, is skipped (never given to another call).  An ``item_id``
-  never announced is read as the ``function_call`` item its ``call_id`` (on
-  ``output_item.done``) or ``output_index`` names, when there is one: some
-  upstreams give every event a fresh ``item_id``.
+  never announced is read as the ``function_call`` item its ``id`` or
+  ``call_id`` (either way round) or its ``output_index`` names, when there is
+  one: some upstreams give every event a fresh ``item_id``, llama.cpp closes a
+  call under ``{"call_id": <the id it announced>}``.
   ``function_call_arguments.done`` and ``output_item.done`` carry the
   arguments whole: they are used when no fragment came, and a mismatch with
   the fragments is a skipped frame (the fragments, as streamed, are kept);
@@ -208,9 +209,10 @@ class ResponsesInterpreter(DialectInterpreter):
         state = self._find(chunk)
         if state is not None:
             return state
-        call_id = _str_value(item.get("call_id")) if item is not None else None
-        if call_id and call_id in self._by_call:
-            return self._by_call[call_id]
+        if item is not None:
+            known = self._known_call(item)
+            if known is not None:
+                return known
         output_index = chunk.get("output_index")
         found = self._by_output.get(output_index) if type(output_index) is int else None
         return found if found is not None and found.kind == "function_call" else None
@@ -416,6 +418,18 @@ class ResponsesInterpreter(DialectInterpreter):
         self._tools = replay._tools
         self._role = replay._role
 
+    def _known_call(self, item: dict[str, Any]) -> _Item | None:
+        """The ``function_call`` item already announced that ``item`` names by its ``id``
+        or ``call_id``, either way round: llama.cpp's ``/v1/responses`` announces a
+        call as ``{"id": "fc_X", "call_id": "call_X"}`` and closes it (and lists it in
+        ``response.completed``) as ``{"call_id": "fc_X"}``, with no ``id``."""
+        for key in (_str_value(item.get("id")), _str_value(item.get("call_id"))):
+            if key:
+                found = self._by_id.get(key) or self._by_call.get(key)
+                if found is not None and found.kind == "function_call":
+                    return found
+        return None
+
     def _unseen_call(self, item: Any) -> bool:
         """A ``function_call`` of the terminal event's output that no event announced (a
         bridge that lists, in ``response.completed``, a call it never streamed: LiteLLM
@@ -423,9 +437,7 @@ class ResponsesInterpreter(DialectInterpreter):
         Message items are not: their text may have streamed under another id."""
         if type(item) is not dict or item.get("type") != "function_call":
             return False
-        item_id, call_id = _str_value(item.get("id")), _str_value(item.get("call_id"))
-        return not ((item_id and item_id in self._by_id)
-                    or (call_id and call_id in self._by_call))
+        return self._known_call(item) is None
 
     def _failed(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
         response = chunk.get("response")

@@ -11,6 +11,9 @@ shapes.
   ``response.completed``, as bare ``data:`` lines, then ``data: [DONE]``;
 - ``fault/fresh-item-ids`` (Responses): GitHub Copilot through LiteLLM
   (#30071) — every event of one output item names a different ``item_id``;
+- ``fault/llama-call-ids`` (Responses): llama.cpp's ``server-task.cpp`` — no
+  ``output_index``, a call closed (``output_item.done``, ``response.completed``)
+  as ``{"call_id": <the id it was announced with>}``, no ``id``;
 - ``fault/no-block-start`` (Anthropic): LiteLLM #27442 — text and thinking
   deltas for blocks whose ``content_block_start`` never came;
 - ``fault/block-start-per-token`` (Anthropic): llama.cpp before PR #18551 —
@@ -139,6 +142,29 @@ def _fresh_item_ids(state: _State, name: str | None, body: dict[str, Any]) -> li
     return [_frame(name, body)]
 
 
+def _llama_call(item: Any) -> Any:
+    """A ``function_call`` item as llama.cpp closes it: no ``id``, its ``call_id`` the id
+    it was announced with."""
+    if isinstance(item, dict) and item.get("type") == "function_call":
+        return {k: v for k, v in item.items() if k not in ("id", "call_id")} | {
+            "call_id": item.get("id")}
+    return item
+
+
+def _llama_responses(state: _State, name: str | None, body: dict[str, Any]) -> list[bytes]:
+    """llama.cpp's ``/v1/responses`` (``server-task.cpp``): no ``output_index`` and no
+    ``sequence_number``; a call closed (in ``output_item.done`` and in
+    ``response.completed``) as ``{"call_id": <its announced id>}``, with no ``id``."""
+    body = {k: v for k, v in body.items() if k not in ("output_index", "sequence_number")}
+    if body.get("type") == "response.output_item.done":
+        body["item"] = _llama_call(body.get("item"))
+    response = body.get("response")
+    if body.get("type") == "response.completed" and isinstance(response, dict) and \
+            isinstance(response.get("output"), list):
+        body["response"] = {**response, "output": [_llama_call(i) for i in response["output"]]}
+    return [_frame(name, body)]
+
+
 # ---------------------------------------------------------------- Anthropic
 
 def _no_block_start(state: _State, name: str | None, body: dict[str, Any]) -> list[bytes]:
@@ -214,6 +240,9 @@ RELAY_MODELS: dict[str, ModelSpec] = {spec.id: spec for spec in [
     ModelSpec("fault/fresh-item-ids", "GitHub Copilot via LiteLLM: a fresh item_id on every "
               "event of an output item (two tool calls)",
               _rewritten("tools", _fresh_item_ids), ("responses",)),
+    ModelSpec("fault/llama-call-ids", "llama.cpp's /v1/responses: no output_index, a tool "
+              "call closed as {call_id: <its id>} with no id (two tool calls)",
+              _rewritten("tools", _llama_responses), ("responses",)),
     ModelSpec("fault/no-block-start", "LiteLLM: text and thinking deltas without their "
               "content_block_start", _rewritten("reasoning", _no_block_start), ("anthropic",)),
     ModelSpec("fault/block-start-per-token", "old llama.cpp: content_block_start again "

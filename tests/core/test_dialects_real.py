@@ -620,3 +620,93 @@ def test_litellm_nim_thinking_delta_into_a_text_block_is_skipped_and_said() -> N
         Outcome.COMPLETED, "Answer.", "")
     assert result.skip_reasons == ("thinking_delta for block 0, a text block",)
     assert Flag.SKIPPED_FRAMES in result.flags
+
+
+def test_llama_cpp_responses_stream_with_a_tool_call() -> None:
+    """llama.cpp's ``/v1/responses`` (``server-task.cpp``, ``to_json_oaicompat_resp`` and
+    ``to_json_oaicompat_resp_stream``): no ``output_index`` and no ``sequence_number``
+    on any event, ``response.created`` without a model, reasoning as
+    ``reasoning_text``; a call announced as ``{"id": "fc_X", "call_id": "call_X"}``
+    but closed by ``output_item.done`` (and listed in ``response.completed``) as
+    ``{"call_id": "fc_X"}`` with no ``id``.  One call, its arguments once, named by
+    the id it was announced with; the text and reasoning once."""
+    announced = {"id": "fc_abc", "arguments": "", "call_id": "call_abc", "name": "lookup",
+                 "type": "function_call", "status": "in_progress"}
+    closed = {"type": "function_call", "status": "completed",
+              "arguments": '{"place":"Oslo"}', "call_id": "fc_abc", "name": "lookup"}
+    reasoning = {"id": "rs_1", "summary": [], "type": "reasoning", "encrypted_content": "",
+                 "content": [{"text": "Use the tool.", "type": "reasoning_text"}]}
+    message = {"type": "message", "status": "completed", "id": "msg_1", "role": "assistant",
+               "content": [{"type": "output_text", "annotations": [], "logprobs": [],
+                            "text": "Checking."}]}
+    lifecycle = {"id": "resp_l", "object": "response", "status": "in_progress"}
+    result = parse("responses",
+                   sse({"type": "response.created", "response": lifecycle}),
+                   sse({"type": "response.in_progress", "response": lifecycle}),
+                   sse({"type": "response.output_item.added", "item": {
+                       "id": "rs_1", "summary": [], "type": "reasoning", "content": [],
+                       "encrypted_content": "", "status": "in_progress"}}),
+                   sse({"type": "response.reasoning_text.delta", "delta": "Use the tool.",
+                        "item_id": "rs_1"}),
+                   sse({"type": "response.output_item.added", "item": {
+                       "content": [], "id": "msg_1", "role": "assistant",
+                       "status": "in_progress", "type": "message"}}),
+                   sse({"type": "response.content_part.added", "item_id": "msg_1",
+                        "part": {"type": "output_text", "text": ""}}),
+                   sse({"type": "response.output_text.delta", "item_id": "msg_1",
+                        "delta": "Checking."}),
+                   sse({"type": "response.output_item.added", "item": announced}),
+                   sse({"type": "response.function_call_arguments.delta",
+                        "delta": '{"place":', "item_id": "fc_abc"}),
+                   sse({"type": "response.function_call_arguments.delta",
+                        "delta": '"Oslo"}', "item_id": "fc_abc",
+                        "timings": {"predicted_n": 9}}),
+                   sse({"type": "response.output_item.done", "item": reasoning}),
+                   sse({"type": "response.output_text.done", "item_id": "msg_1",
+                        "text": "Checking."}),
+                   sse({"type": "response.content_part.done", "item_id": "msg_1",
+                        "part": message["content"][0]}),
+                   sse({"type": "response.output_item.done", "item": message}),
+                   sse({"type": "response.output_item.done", "item": closed}),
+                   sse({"type": "response.completed", "response": {
+                       "id": "resp_l", "object": "response", "status": "completed",
+                       "model": "qwen3", "output": [reasoning, message, closed],
+                       "usage": {"input_tokens": 20, "output_tokens": 9, "total_tokens": 29,
+                                 "input_tokens_details": {"cached_tokens": 0}}}}))
+    assert (result.outcome, result.text, result.choices[0].reasoning, result.model) == (
+        Outcome.COMPLETED, "Checking.", "Use the tool.", "qwen3")
+    (tool,) = result.choices[0].tool_calls
+    assert (tool.id, tool.name, tool.arguments, tool.parsed) == (
+        "call_abc", "lookup", '{"place":"Oslo"}', {"place": "Oslo"})
+    assert (result.choices[0].finish_reason, result.skipped_frames) == ("tool_calls", 0)
+    assert result.usage is not None and result.usage.total_tokens == 29
+
+
+def test_llama_cpp_messages_stream_with_thinking() -> None:
+    """llama.cpp's ``/v1/messages`` (``to_json_anthropic`` / ``to_json_anthropic_stream``):
+    the thinking block starts without a ``signature``, stays open while the text
+    streams on index 1, the final chunk starts the blocks it has diffs for again,
+    every block is stopped at the end, the thinking with an empty
+    ``signature_delta``; usage as ``input_tokens`` + ``cache_read_input_tokens``.
+    Completed; the repeats counted, not read twice; the signature kept as sent
+    (``""``); the prompt counted whole."""
+    start = message_start(0)
+    start["message"]["usage"] = {"cache_read_input_tokens": 30, "input_tokens": 8,
+                                 "output_tokens": 0}
+    result = parse("anthropic",
+                   sse(start),
+                   sse(block_start(0, "thinking", thinking="")),
+                   sse(delta(0, "thinking_delta", thinking="Short.")),
+                   sse(block_start(1)), sse(delta(1, "text_delta", text="Hello")),
+                   sse(block_start(1)), sse(delta(1, "text_delta", text=" there.")),
+                   sse(delta(0, "signature_delta", signature="")), sse(block_stop(0)),
+                   sse(block_stop(1)),
+                   sse(message_delta("end_turn", {"output_tokens": 5}, stop_sequence=None)),
+                   sse(STOP))
+    assert (result.outcome, result.text, result.choices[0].reasoning) == (
+        Outcome.COMPLETED, "Hello there.", "Short.")
+    (block,) = result.choices[0].thinking
+    assert (block.index, block.thinking, block.signature) == (0, "Short.", "")
+    assert (result.ignored_events, result.skipped_frames) == (1, 0)
+    assert result.usage is not None and (result.usage.prompt_tokens,
+                                         result.usage.completion_tokens) == (38, 5)

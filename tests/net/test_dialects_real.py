@@ -188,3 +188,22 @@ async def test_the_faults_are_served_on_their_route_only(upstream: RunningUpstre
                              "/v1/messages only (fanout mock --list).")
     chat = await engine(upstream, "fault/litellm-bare", "chat")
     assert chat.status == 404 and chat.reason is not None and "/v1/responses only" in chat.reason
+
+
+async def test_llama_cpp_call_ids_give_one_call_each(upstream: RunningUpstream) -> None:
+    """llama.cpp's ``/v1/responses``: each call announced as ``{"id": "fc_…",
+    "call_id": "call_…"}`` and closed as ``{"call_id": "fc_…"}``: two calls, not four,
+    their arguments once, no ``output_index`` anywhere."""
+    _, events = await raw(upstream, "fault/llama-call-ids", "responses", tools=True)
+    assert not any("output_index" in b for _, b in events if isinstance(b, dict))
+    closed = [b["item"] for _, b in events if isinstance(b, dict)
+              and b["type"] == "response.output_item.done"
+              and b["item"]["type"] == "function_call"]
+    assert len(closed) == 2 and all("id" not in item for item in closed)
+    result = await engine(upstream, "fault/llama-call-ids", "responses", tools=TOOLS)
+    assert result.outcome is Outcome.COMPLETED
+    calls = result.choices[0].tool_calls
+    assert len(calls) == 2 and all(c.parse_error is None for c in calls)
+    assert "".join(c.arguments for c in calls) == sent(
+        events, "response.function_call_arguments.delta", "")
+    assert result.skipped_frames == 0
