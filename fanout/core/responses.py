@@ -91,13 +91,14 @@ _SILENT = (
 
 
 class _Item:
-    __slots__ = ("arguments", "done", "final", "id", "kind", "tool_index")
+    __slots__ = ("arguments", "done", "final", "id", "kind", "name", "tool_index")
 
     def __init__(self, kind: str, item_id: str | None) -> None:
         self.kind = kind
         self.id = item_id
         self.done = False
         self.tool_index: int | None = None
+        self.name: Any = None
         self.arguments: list[str] = []
         self.final = False  # the whole arguments were checked (a .done event)
 
@@ -112,7 +113,8 @@ class ResponsesInterpreter(DialectInterpreter):
 
     terminal: ClassVar[str] = "response.completed or response.incomplete"
     api: ClassVar[str] = "responses"
-    __slots__ = ("_by_call", "_by_id", "_by_output", "_content", "_items", "_role", "_tools")
+    __slots__ = ("_by_call", "_by_id", "_by_output", "_calls", "_content", "_items", "_role",
+                 "_tools")
 
     def __init__(self, *, strict: bool = False, stream: str = "", content_key: str = "",
                  redactor: Redactor | None = None, max_tool_calls: int = 128,
@@ -120,6 +122,7 @@ class ResponsesInterpreter(DialectInterpreter):
         self._by_id: dict[str, _Item] = {}
         self._by_output: dict[int, _Item] = {}
         self._by_call: dict[str, _Item] = {}  # function_call items by their call_id
+        self._calls: list[_Item] = []  # every function_call item, in order
         self._items = 0
         self._tools = 0
         self._role = False
@@ -266,6 +269,8 @@ class ResponsesInterpreter(DialectInterpreter):
             call_id = _str_value(item.get("call_id"))
             if call_id:
                 self._by_call.setdefault(call_id, state)
+            state.name = item.get("name")
+            self._calls.append(state)
             state.tool_index = self._tools
             self._tools += 1
             arguments = _arguments_text(item.get("arguments"))
@@ -437,7 +442,13 @@ class ResponsesInterpreter(DialectInterpreter):
         Message items are not: their text may have streamed under another id."""
         if type(item) is not dict or item.get("type") != "function_call":
             return False
-        return self._known_call(item) is None
+        if self._known_call(item) is not None:
+            return False
+        # vLLM #47916: the output may give a streamed call a new id and call_id; the same
+        # name and arguments are the same call (running it twice is worse than missing it).
+        name, arguments = item.get("name"), _arguments_text(item.get("arguments"))
+        return not any(call.name == name and "".join(call.arguments) == arguments
+                       for call in self._calls)
 
     def _failed(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
         response = chunk.get("response")

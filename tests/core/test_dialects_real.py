@@ -710,3 +710,24 @@ def test_llama_cpp_messages_stream_with_thinking() -> None:
     assert (result.ignored_events, result.skipped_frames) == (1, 0)
     assert result.usage is not None and (result.usage.prompt_tokens,
                                          result.usage.completion_tokens) == (38, 5)
+
+
+def test_vllm_a_streamed_call_renamed_in_response_completed_stays_one_call() -> None:
+    """vLLM PR #47916: the non-Harmony path streams a call under one ``id`` /
+    ``call_id`` and lists it in ``response.completed`` under another (separate
+    identity paths); PR #44608: the Harmony path closed a call with ``id: null``.
+    The same name and arguments under new ids are the same call: one call, the
+    streamed identity kept."""
+    call = {"id": "fc_s", "type": "function_call", "call_id": "call_s", "name": "lookup",
+            "arguments": ""}
+    renamed = {**call, "id": "fc_other", "call_id": "call_other",
+               "arguments": '{"place": "Oslo"}', "status": "completed"}
+    result = parse("responses", sse(created()),
+                   sse({"type": "response.output_item.added", "output_index": 0, "item": call}),
+                   sse({"type": "response.function_call_arguments.delta", "item_id": "fc_s",
+                        "output_index": 0, "delta": '{"place": "Oslo"}'}),
+                   sse({"type": "response.output_item.done", "output_index": 0,
+                        "item": {**call, "id": None, "arguments": '{"place": "Oslo"}'}}),
+                   sse(completed([renamed])))
+    (tool,) = result.choices[0].tool_calls
+    assert (tool.id, tool.parsed, result.skipped_frames) == ("call_s", {"place": "Oslo"}, 0)
