@@ -731,3 +731,17 @@ def test_vllm_a_streamed_call_renamed_in_response_completed_stays_one_call() -> 
                    sse(completed([renamed])))
     (tool,) = result.choices[0].tool_calls
     assert (tool.id, tool.parsed, result.skipped_frames) == ("call_s", {"place": "Oslo"}, 0)
+
+
+def test_the_interpreter_counts_the_blocks_it_opened_for_a_delta() -> None:
+    """``AnthropicInterpreter.implicit_blocks`` says how many blocks a delta had to open
+    (a relay that sends no ``content_block_start``), so a caller can tell."""
+    from fanout.core.anthropic import AnthropicInterpreter
+    from fanout.core.sse import ServerSentEvent
+
+    interpreter = AnthropicInterpreter()
+    for frame in (message_start(), delta(0, "thinking_delta", thinking="a"),
+                  delta(1, "text_delta", text="b"), delta(1, "text_delta", text="c"),
+                  block_start(2), delta(2, "text_delta", text="d")):
+        interpreter.interpret(ServerSentEvent(json.dumps(frame)))
+    assert interpreter.implicit_blocks == 2
