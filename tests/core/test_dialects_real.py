@@ -745,3 +745,33 @@ def test_the_interpreter_counts_the_blocks_it_opened_for_a_delta() -> None:
                   block_start(2), delta(2, "text_delta", text="d")):
         interpreter.interpret(ServerSentEvent(json.dumps(frame)))
     assert interpreter.implicit_blocks == 2
+
+
+def test_blocks_numbered_from_one() -> None:
+    """Not from one cited server: Anthropic numbers blocks from 0, and a relay that drops a
+    leading empty block (LiteLLM #34692 sends one; a filter that removes it) leaves the
+    rest numbered from 1.  Blocks are read by their index, whatever it starts at."""
+    result = parse("anthropic", sse(message_start()),
+                   sse(block_start(1)), sse(delta(1, "text_delta", text="One")),
+                   sse(block_stop(1)),
+                   sse(block_start(2, "tool_use", id="toolu_2", name="f", input={})),
+                   sse(delta(2, "input_json_delta", partial_json="{}")), sse(block_stop(2)),
+                   sse(message_delta("tool_use")), sse(STOP))
+    assert (result.outcome, result.text, [c.parsed for c in result.choices[0].tool_calls]) == (
+        Outcome.COMPLETED, "One", [{}])
+
+
+def test_an_error_with_only_a_message() -> None:
+    """The OpenAI error shape at its barest, ``{"error": {"message": ...}}`` with no
+    ``type`` or ``code`` (vLLM's and llama.cpp's streaming errors are this shape with
+    more fields), on either route, with or without ``event: error``: an error with
+    that message, the text kept."""
+    for api, frames in (("responses", (sse(created()), sse(text_delta("So far")))),
+                        ("anthropic", (sse(message_start()),
+                                       sse(delta(0, "text_delta", text="So far"))))):
+        for error in (bare({"error": {"message": "upstream exploded"}}),
+                      sse({"error": {"message": "upstream exploded"}}, "error")):
+            result = parse(api, *frames, error)
+            assert (result.outcome, result.reason, result.text) == (
+                Outcome.ERROR, "upstream exploded", "So far"), api
+            assert result.error is not None and result.error.type is None
