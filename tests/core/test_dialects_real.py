@@ -775,3 +775,24 @@ def test_an_error_with_only_a_message() -> None:
             assert (result.outcome, result.reason, result.text) == (
                 Outcome.ERROR, "upstream exploded", "So far"), api
             assert result.error is not None and result.error.type is None
+
+
+def test_an_error_event_then_response_failed() -> None:
+    """OpenAI's own Responses stream on a mid-stream failure (vercel/ai PR #13480): an
+    ``error`` event, then ``response.failed``; the ``error`` event's details sit at the
+    top level or nested under ``error`` (ailoy PR #434 found ``/message`` absent and the
+    message at ``/error/message``).  Either way: ``error``, the first error's message
+    and code as the cause, the text so far kept."""
+    failed = {"type": "response.failed", "response": {
+        "id": "resp_real", "status": "failed", "output": [],
+        "error": {"code": "server_error", "message": "later echo"}}}
+    for error in ({"type": "error", "code": "insufficient_quota", "param": None,
+                   "message": "You exceeded your current quota"},
+                  {"type": "error", "error": {"type": "insufficient_quota",
+                                              "code": "insufficient_quota",
+                                              "message": "You exceeded your current quota"}}):
+        result = parse("responses", sse(created()), sse(text_delta("Hal")), sse(error),
+                       sse(failed))
+        assert (result.outcome, result.reason, result.text) == (
+            Outcome.ERROR, "You exceeded your current quota", "Hal")
+        assert result.error is not None and result.error.code == "insufficient_quota"
