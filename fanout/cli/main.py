@@ -196,7 +196,7 @@ def _parser() -> argparse.ArgumentParser:
 def _mock(args: argparse.Namespace) -> int:
     if args.list:
         for spec in MODELS.values():
-            routes = "" if len(spec.apis) == 3 else " [/v1/chat/completions only]"
+            routes = f" [{spec.routes} only]" if spec.routes else ""
             print(f"{spec.id:26} {spec.description}{routes}")
         print(f"{'replay/<capture>':26} a recorded stream with its timing (:x0 = no delays; "
               "on /v1/responses and /v1/messages a chat capture is said in their events):")

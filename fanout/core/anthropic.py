@@ -13,10 +13,13 @@ A Messages stream frames its content in blocks and is complete only with
   deltas.  At most ``max_blocks`` blocks;
 - ``content_block_delta``: ``text_delta`` → ``TextDelta``; ``thinking_delta`` →
   ``ReasoningDelta``; ``signature_delta`` → kept on the block;
-  ``input_json_delta`` → an arguments fragment (``ToolCallDelta``).  A delta
-  for a block that was never started, or after its ``content_block_stop``, or
-  of the wrong kind for its block, is skipped (never merged into another
-  block); ``citations_delta`` and unknown deltas are counted and ignored;
+  ``input_json_delta`` → an arguments fragment (``ToolCallDelta``).  A
+  ``text_delta`` or ``thinking_delta`` for an index never started opens that
+  block (its text is kept: relays that bridge another API may send no
+  ``content_block_start``; counted in ``implicit_blocks``); any other delta
+  for a block never started, or after its ``content_block_stop``, or of the
+  wrong kind for its block, is skipped (never merged into another block);
+  ``citations_delta`` and unknown deltas are counted and ignored;
 - ``content_block_stop``: a thinking block is reported whole with its
   signature (``ThinkingBlockFinished``); a ``tool_use`` block that got no
   ``input_json_delta`` has the input its start gave (``{}`` when empty);
@@ -116,7 +119,7 @@ class AnthropicInterpreter(DialectInterpreter):
 
     terminal: ClassVar[str] = "message_stop"
     api: ClassVar[str] = "anthropic"
-    __slots__ = ("_blocks", "_opened", "_role", "_tools", "_usage")
+    __slots__ = ("_blocks", "_opened", "_role", "_tools", "_usage", "implicit_blocks")
 
     def __init__(self, *, strict: bool = False, stream: str = "", content_key: str = "",
                  redactor: Redactor | None = None, max_tool_calls: int = 128,
@@ -126,6 +129,8 @@ class AnthropicInterpreter(DialectInterpreter):
         self._tools = 0
         self._role = False
         self._usage: dict[str, Any] = {}
+        #: Blocks opened by a text or thinking delta without their ``content_block_start``.
+        self.implicit_blocks = 0
         super().__init__(strict=strict, stream=stream, content_key=content_key,
                          redactor=redactor, max_tool_calls=max_tool_calls,
                          max_blocks=max_blocks)
@@ -181,10 +186,12 @@ class AnthropicInterpreter(DialectInterpreter):
     def _delta(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
         index = chunk.get("index")
         block = self._blocks.get(index) if type(index) is int else None
+        delta = chunk.get("delta")
+        if block is None and type(index) is int and index >= 0:
+            block = self._implicit(index, delta)
         if block is None or block.stopped:
             self._block(chunk, "content_block_delta", data, out)  # says why it is skipped
             return
-        delta = chunk.get("delta")
         if block.kind == "text" and type(delta) is dict and delta.get("type") == "text_delta":
             text = delta.get("text")  # the hot path
             if text and type(text) is str:
@@ -225,6 +232,21 @@ class AnthropicInterpreter(DialectInterpreter):
                 block.arguments = True
                 out.append(ToolCallDelta(0, block.tool_index, None, None, None, fragment,
                                          self._stream, self._content_key))
+
+    def _implicit(self, index: int, delta: Any) -> _Block | None:
+        """The block a text or thinking delta opens when no ``content_block_start`` came
+        for its index (a relay bridging another API may never send one: LiteLLM #27442):
+        its text is kept, as the Responses dialect keeps text for an item never added.
+        A tool's arguments are not: without a start there is no tool name or id."""
+        kind = delta.get("type") if type(delta) is dict else None
+        wanted = "text" if kind == "text_delta" else "thinking" if kind == "thinking_delta" \
+            else None
+        if wanted is None or self._opened >= self._max_blocks:
+            return None
+        block = self._blocks[index] = _Block(index, wanted, None)
+        self._opened += 1
+        self.implicit_blocks += 1
+        return block
 
     def _block(self, chunk: dict[str, Any], what: str, data: str,
                out: list[CoreEvent]) -> _Block | None:

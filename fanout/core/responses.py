@@ -19,13 +19,19 @@ The mapping (every stream has one choice, index 0):
   order); one for an item already done, or of the wrong kind, is skipped;
 - ``response.function_call_arguments.delta``: an arguments fragment of its
   item's call; a fragment for no known ``function_call`` item, or after the
-  item is done, is skipped (never given to another call).
+  item is done, is skipped (never given to another call).  An ``item_id``
+  never announced is read as the ``function_call`` item its ``id`` or
+  ``call_id`` (either way round) or its ``output_index`` names, when there is
+  one: some upstreams give every event a fresh ``item_id``, llama.cpp closes a
+  call under ``{"call_id": <the id it announced>}``.
   ``function_call_arguments.done`` and ``output_item.done`` carry the
   arguments whole: they are used when no fragment came, and a mismatch with
   the fragments is a skipped frame (the fragments, as streamed, are kept);
 - ``response.completed``: ``UsageReported`` from ``response.usage``, finish
   ``stop`` (``tool_calls`` when the output has function calls; native
-  ``completed``), ``DoneReceived``;
+  ``completed``), ``DoneReceived``.  Its ``output`` is read as deltas when no
+  delta came; otherwise only the ``function_call`` items no event announced
+  are (a bridge may list a call it never streamed);
 - ``response.incomplete``: finish from ``incomplete_details.reason``
   (``max_output_tokens`` → ``length``, ``content_filter`` → ``content_filter``,
   any other kept as sent; native: the reason), usage, ``DoneReceived``;
@@ -85,13 +91,14 @@ _SILENT = (
 
 
 class _Item:
-    __slots__ = ("arguments", "done", "final", "id", "kind", "tool_index")
+    __slots__ = ("arguments", "done", "final", "id", "kind", "name", "tool_index")
 
     def __init__(self, kind: str, item_id: str | None) -> None:
         self.kind = kind
         self.id = item_id
         self.done = False
         self.tool_index: int | None = None
+        self.name: Any = None
         self.arguments: list[str] = []
         self.final = False  # the whole arguments were checked (a .done event)
 
@@ -106,13 +113,16 @@ class ResponsesInterpreter(DialectInterpreter):
 
     terminal: ClassVar[str] = "response.completed or response.incomplete"
     api: ClassVar[str] = "responses"
-    __slots__ = ("_by_id", "_by_output", "_content", "_items", "_role", "_tools")
+    __slots__ = ("_by_call", "_by_id", "_by_output", "_calls", "_content", "_items", "_role",
+                 "_tools")
 
     def __init__(self, *, strict: bool = False, stream: str = "", content_key: str = "",
                  redactor: Redactor | None = None, max_tool_calls: int = 128,
                  max_blocks: int = 1024) -> None:
         self._by_id: dict[str, _Item] = {}
         self._by_output: dict[int, _Item] = {}
+        self._by_call: dict[str, _Item] = {}  # function_call items by their call_id
+        self._calls: list[_Item] = []  # every function_call item, in order
         self._items = 0
         self._tools = 0
         self._role = False
@@ -192,6 +202,24 @@ class ResponsesInterpreter(DialectInterpreter):
             return self._by_output.get(output_index)
         return None
 
+    def _find_call(self, chunk: dict[str, Any], item: dict[str, Any] | None = None
+                   ) -> _Item | None:
+        """The item a function-call event is for: by ``item_id``; for an ``item_id``
+        never announced, the ``function_call`` item its ``call_id`` or its
+        ``output_index`` names (GitHub Copilot's stream, passed on by LiteLLM, gives
+        every event of one item a fresh ``item_id``: LiteLLM #30071), so the
+        arguments are neither lost nor given to a second call."""
+        state = self._find(chunk)
+        if state is not None:
+            return state
+        if item is not None:
+            known = self._known_call(item)
+            if known is not None:
+                return known
+        output_index = chunk.get("output_index")
+        found = self._by_output.get(output_index) if type(output_index) is int else None
+        return found if found is not None and found.kind == "function_call" else None
+
     # -- output items -------------------------------------------------------------------
 
     def _item_added(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
@@ -238,6 +266,11 @@ class ResponsesInterpreter(DialectInterpreter):
                                   self._stream, self._content_key))
         if kind == "function_call":
             self._content = True
+            call_id = _str_value(item.get("call_id"))
+            if call_id:
+                self._by_call.setdefault(call_id, state)
+            state.name = item.get("name")
+            self._calls.append(state)
             state.tool_index = self._tools
             self._tools += 1
             arguments = _arguments_text(item.get("arguments"))
@@ -256,6 +289,8 @@ class ResponsesInterpreter(DialectInterpreter):
             return
         item_id = _str_value(item.get("id"))
         state = self._by_id.get(item_id) if item_id else self._find(chunk)
+        if state is None and item.get("type") == "function_call":
+            state = self._find_call(chunk, item)
         if state is None:
             if item.get("type") != "function_call":
                 return  # a message item seen only at its end: its text came as deltas or not
@@ -290,7 +325,7 @@ class ResponsesInterpreter(DialectInterpreter):
 
     def _call(self, chunk: dict[str, Any], what: str, data: str,
               out: list[CoreEvent]) -> _Item | None:
-        state = self._find(chunk)
+        state = self._find_call(chunk)
         where = _short(chunk.get("item_id") or chunk.get("output_index"))
         if state is None:
             self._skip(f"{what} for item {where}, which was never added", data, out)
@@ -351,8 +386,13 @@ class ResponsesInterpreter(DialectInterpreter):
             response = {}
         self._info(response.get("id"), response.get("model"), out)
         output = response.get("output")
-        if not self._content and output and type(output) is list:
-            self._replay(output, out)
+        if output and type(output) is list:
+            if not self._content:
+                self._replay(output, out)
+            else:
+                unseen = [item for item in output if self._unseen_call(item)]
+                if unseen:
+                    self._replay(unseen, out)
         usage = response.get("usage")
         if usage and type(usage) is dict:
             out.append(UsageReported(responses_usage(usage), self._stream, self._content_key))
@@ -377,10 +417,38 @@ class ResponsesInterpreter(DialectInterpreter):
                                       max_tool_calls=self._max_tool_calls,
                                       max_blocks=self._max_blocks)
         replay._role = self._role
+        replay._tools, replay._items = self._tools, self._items  # the caps hold overall
         for frame in _output_frames(output):
             replay._handlers[frame["type"]](frame, "", out)
         self._tools = replay._tools
         self._role = replay._role
+
+    def _known_call(self, item: dict[str, Any]) -> _Item | None:
+        """The ``function_call`` item already announced that ``item`` names by its ``id``
+        or ``call_id``, either way round: llama.cpp's ``/v1/responses`` announces a
+        call as ``{"id": "fc_X", "call_id": "call_X"}`` and closes it (and lists it in
+        ``response.completed``) as ``{"call_id": "fc_X"}``, with no ``id``."""
+        for key in (_str_value(item.get("id")), _str_value(item.get("call_id"))):
+            if key:
+                found = self._by_id.get(key) or self._by_call.get(key)
+                if found is not None and found.kind == "function_call":
+                    return found
+        return None
+
+    def _unseen_call(self, item: Any) -> bool:
+        """A ``function_call`` of the terminal event's output that no event announced (a
+        bridge that lists, in ``response.completed``, a call it never streamed: LiteLLM
+        #36375): read from the output, so ``tool_calls`` never comes without its call.
+        Message items are not: their text may have streamed under another id."""
+        if type(item) is not dict or item.get("type") != "function_call":
+            return False
+        if self._known_call(item) is not None:
+            return False
+        # vLLM #47916: the output may give a streamed call a new id and call_id; the same
+        # name and arguments are the same call (running it twice is worse than missing it).
+        name, arguments = item.get("name"), _arguments_text(item.get("arguments"))
+        return not any(call.name == name and "".join(call.arguments) == arguments
+                       for call in self._calls)
 
     def _failed(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
         response = chunk.get("response")

@@ -49,6 +49,9 @@ __all__ = ["ECHO_MARKER", "ECHO_PLACES", "MODELS", "Context", "ModelSpec", "Slot
 SSE_HEADERS = (("content-type", "text/event-stream; charset=utf-8"),
                ("cache-control", "no-cache"), ("x-accel-buffering", "no"))
 DONE = b"data: [DONE]\n\n"
+#: Each dialect's route.
+ROUTES = {"chat": "/v1/chat/completions", "responses": "/v1/responses",
+          "anthropic": "/v1/messages"}
 
 
 @attrs.define
@@ -111,6 +114,13 @@ class ModelSpec:
     description: str
     plan: Callable[[ChatRequest, Context], Plan]
     apis: tuple[str, ...] = APIS
+
+    @property
+    def routes(self) -> str:
+        """The routes serving this model when not all do (``/v1/messages``), else ``""``."""
+        if set(self.apis) >= set(APIS):
+            return ""
+        return ", ".join(ROUTES[api] for api in self.apis)
 
 
 # ---------------------------------------------------------------- answers
@@ -1225,6 +1235,11 @@ from .judge import JUDGE_MODELS  # noqa: E402
 
 MODELS.update(JUDGE_MODELS)
 
+# Real servers' shapes of the two event dialects (relays.py), likewise.
+from .relays import RELAY_MODELS  # noqa: E402
+
+MODELS.update(RELAY_MODELS)
+
 
 def plan_chat(request: ChatRequest, context: Context) -> Plan:
     """The plan for a request of any route (``request.api``), or a 404 for an unknown
@@ -1233,7 +1248,7 @@ def plan_chat(request: ChatRequest, context: Context) -> Plan:
     if spec is not None:
         if request.api not in spec.apis:
             return _error(request, 404, f"The model '{request.model}' is served on "
-                          "/v1/chat/completions only (fanout mock --list).",
+                          f"{spec.routes} only (fanout mock --list).",
                           "invalid_request_error", param="model", code="model_not_found")
         return spec.plan(request, context)
     if request.name.startswith("replay/"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import attrs
 import pytest
 
 from fanout import Outcome, parse_stream
@@ -144,7 +145,7 @@ def test_n_choices_are_interleaved() -> None:
 def test_every_model_has_a_plan_and_a_description() -> None:
     for name, spec in MODELS.items():
         assert spec.description
-        p = plan_chat(request(name), Context())
+        p = plan_chat(attrs.evolve(request(name), api=spec.apis[0]), Context())
         assert p.status in (200, 400, 429, 500, 503, 529)
 
 
