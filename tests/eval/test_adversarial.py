@@ -155,7 +155,7 @@ def test_an_expected_integer_past_64_bits_scores_the_same_after_the_round_trip(
     status, output, out, err = _batch(
         tmp_path, config, [{"id": "big", "prompt": str(big), "expected": big},
                            {"id": "small", "prompt": "12", "expected": 12}],
-        score=("exact", "numeric"))
+        scorers=("exact", "numeric"))
     assert status == 0, err
     first = {(s["id"], s["scorer"]): s for s in read_scores(scores_path(output)).values()}
     status, out, err = _score(output, config, "exact", "numeric")
@@ -167,6 +167,7 @@ def test_an_expected_integer_past_64_bits_scores_the_same_after_the_round_trip(
     assert evaluation["stale_scores"] == 0
     # the verdict is the one a rescore gives
     status, out, err = _score(output, config, "exact", "numeric", rescore=True)
+    assert status == 0, err
     again = {(s["id"], s["scorer"]): s for s in read_scores(scores_path(output)).values()}
     assert {k: v["passed"] for k, v in again.items()} == \
         {k: v["passed"] for k, v in first.items()}
@@ -189,17 +190,35 @@ def test_prompts_override_with_a_huge_integer_is_not_stale_in_the_report(
 
 # ------------------------------------------------------------------ scores files
 
-def test_report_scores_on_a_fifo_is_refused_at_once(tmp_path: Path, config: str) -> None:
+def test_report_reads_scores_from_a_pipe(tmp_path: Path, config: str) -> None:
+    # `fanout report run.jsonl --scores <(...)`: a pipe is read once, like any input
+    status, output, _, _ = _batch(tmp_path, config, [{"id": "a", "prompt": "a",
+                                                      "expected": "a"}], scorers=("exact",))
+    assert status == 0
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    process = subprocess.Popen([*COMMAND, "report", output, "--scores", str(fifo), "--json"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        with open(fifo, "wb") as pipe:
+            pipe.write(scores_path(output).read_bytes())
+        out, err = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == 0, err
+    (model,) = json.loads(out)["evaluation"]["models"]
+    assert model["scorers"]["exact"]["passed"] == 1
+
+
+def test_score_scores_on_a_fifo_is_refused(tmp_path: Path, config: str) -> None:
     status, output, _, _ = _batch(tmp_path, config, [{"id": "a", "prompt": "a"}])
     assert status == 0
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    # in a subprocess: opening a FIFO for reading blocks until a writer comes
-    run = subprocess.run([*COMMAND, "report", output, "--scores", str(fifo)],
-                         capture_output=True, text=True, timeout=30)
-    assert run.returncode == 2
-    assert _one_line(run.stderr) == (f"fanout report: {fifo}: not a regular file (a pipe); "
-                                     "name a scores file")
+    status, out, err = _score(output, config, "exact", scores=str(fifo))
+    assert status == 2 and out == ""
+    assert _one_line(err).startswith(f"fanout score: --scores {fifo}: not a regular file "
+                                     "(a pipe)")
 
 
 def test_report_scores_naming_the_results_file_is_one_line(tmp_path: Path,
@@ -219,7 +238,7 @@ def test_against_scores_naming_a_results_file_is_one_line(tmp_path: Path,
     status, output, _, _ = _batch(tmp_path, config, [{"id": "a", "prompt": "a"}])
     assert status == 0
     status, out, err = _report(output, against=output, against_scores=output)
-    assert status == 2
+    assert status == 2 and out == ""
     assert _one_line(err) == (f"fanout report: --against-scores {output}: is the results "
                               f"file {output}; name its scores file")
 
@@ -251,12 +270,12 @@ def test_json_has_no_infinity_from_huge_metrics(tmp_path: Path, config: str) -> 
 def test_batch_says_when_judge_streams_did_not_complete(tmp_path: Path, config: str) -> None:
     status, output, out, err = _batch(tmp_path, config,
                                       [{"id": "a", "prompt": "a", "expected": "a"}],
-                                      score=("cut-judged",))
+                                      scorers=("cut-judged",))
     # the answers completed, the judging did not: exit 1, and the way to finish said
     assert status == 1, err
     assert "cut-judged: 1 new (0 scored, 0 passed, 0 unscored, 1 error)" in out
     assert ("fanout batch: 1 judge stream did not complete (error scores); "
-            f"`fanout score {output} --score cut-judged` asks it again") in err
+            f"`fanout score {output} --score cut-judged --config {config}` asks it again") in err
     status, out, err = _score(output, config, "cut-judged")
     assert status == 1 and "cut-judged: 1 new" in out  # not current: asked again
 
