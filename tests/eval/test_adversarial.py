@@ -313,3 +313,50 @@ def test_interrupting_score_keeps_what_was_judged_and_writes_no_false_errors(
     assert f"slow-judged: {12 - len(written)} new" in out
     assert f"{len(written)} current" in out
     assert len(read_scores(target)) == 12
+
+
+# ------------------------------------------------------------------ pass@k by hand
+
+def _unit(prompt: str, sample: int, text: str) -> dict[str, Any]:
+    return {"id": prompt, "model": "m", "sample": sample, "outcome": "completed",
+            "reason": None, "flags": [], "content_key": f"ck-{prompt}", "text": text,
+            "finish_reason": "stop",
+            "choices": [{"index": 0, "text": text, "finish_reason": "stop", "tool_calls": []}],
+            "expected": "yes"}
+
+
+def test_pass_at_k_of_flaky_samples_matches_the_hand_computation(tmp_path: Path) -> None:
+    from fanout.eval.scores import answer_key
+
+    # three samples a prompt: p1 passes 2 of 3, p2 1 of 3, p3 3 of 3, p4 0 of 3
+    plan = {"p1": [1, 0, 1], "p2": [0, 0, 1], "p3": [1, 1, 1], "p4": [0, 0, 0]}
+    results, scores = [], []
+    for prompt, passes in plan.items():
+        for sample, passed in enumerate(passes):
+            unit = _unit(prompt, sample, "yes" if passed else f"no {sample}")
+            results.append(unit)
+            scores.append({"id": prompt, "model": "m", "sample": sample, "scorer": "exact",
+                           "kind": "exact", "scorer_key": "k", "answer_key": answer_key(unit),
+                           "status": "scored", "score": float(passed),
+                           "passed": bool(passed), "explanation": "",
+                           "scored_at": "2026-12-01T11:00:00.000+00:00"})
+    output = _write(tmp_path / "run.jsonl", results)
+    _write(tmp_path / "run.scores.jsonl", scores)
+    status, out, err = _report(output, as_json=True, samples=3)
+    assert status == 0, err
+    (model,) = json.loads(out)["evaluation"]["models"]
+    exact = model["scorers"]["exact"]
+    # pass@k = mean over prompts of 1 - C(n-c, k)/C(n, k); pass^k = C(c, k)/C(n, k)
+    c = {"p1": 2, "p2": 1, "p3": 3, "p4": 0}
+    by_hand_at = {k: sum(1 - math.comb(3 - n, k) / math.comb(3, k) for n in c.values()) / 4
+                  for k in (1, 2, 3)}
+    by_hand_hat = {k: sum(math.comb(n, k) / math.comb(3, k) for n in c.values()) / 4
+                   for k in (2, 3)}
+    assert by_hand_at == {1: 0.5, 2: pytest.approx(2 / 3), 3: 0.75}
+    # the report gives pass@1, pass@K and pass^K (K = --samples 3)
+    assert exact["pass_at_k"] == {"1": pytest.approx(by_hand_at[1], abs=1e-6),
+                                  "3": pytest.approx(by_hand_at[3], abs=1e-6)}
+    assert exact["pass_hat_k"] == {"3": pytest.approx(by_hand_hat[3], abs=1e-6)}
+    assert by_hand_hat[3] == 0.25
+    assert sorted(exact["flaky"]) == ["p1", "p2"]
+    assert exact["mean"]["value"] == pytest.approx(0.5, abs=1e-6)
