@@ -24,6 +24,7 @@ get no score, a rerun asks them).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import sys
@@ -44,7 +45,7 @@ from .common import interrupt_on_sigint, open_endpoint
 from .common import only as _only
 from .prompts import PromptFileError, load_prompts
 from .report import printable
-from .results import RecordReader, ResultsFileError, work_key
+from .results import RecordReader, ResultsFileError, _holder, lock_path, work_key
 
 __all__ = ["ScoreOptions", "latest_records", "run_score"]
 
@@ -76,6 +77,23 @@ def latest_records(path: str) -> tuple[dict[str, dict[str, Any]], RecordReader]:
             latest.pop(key, None)
             latest[key] = record
     return latest, reader
+
+
+def _being_written(path: str) -> str | None:
+    """Who is writing the results file at ``path`` (a batch holds its lock), or
+    ``None``: scoring it then sees the records written so far, not the batch's end."""
+    try:
+        with open(path, "rb") as file:
+            try:
+                fcntl.flock(file.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return _holder(lock_path(path))
+            except OSError:  # a file system without locks: nothing to tell
+                return None
+            fcntl.flock(file.fileno(), fcntl.LOCK_UN)
+    except OSError:
+        return None
+    return None
 
 
 def as_scored(record: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -147,6 +165,11 @@ def run_score(options: ScoreOptions, *, stdout: TextIO | None = None,
             f"{'s are' if reader.unreadable.total != 1 else ' is'} not records and "
             f"{'are' if reader.unreadable.total != 1 else 'is'} skipped "
             f"({reader.unreadable.describe()[0]})")
+    writing = _being_written(options.results)
+    if writing is not None:
+        say(f"{options.results}: being written by a running fanout batch ({writing}); "
+            f"scoring the {len(latest)} unit{'s' if len(latest) != 1 else ''} recorded so "
+            "far: run the same command again once it ends to score the rest")
     target = Path(options.scores) if options.scores else scores_path(options.results)
     try:
         writer = ScoresFile(target, not_same_as=(f"the results file {options.results}", source))

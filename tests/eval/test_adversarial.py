@@ -360,3 +360,35 @@ def test_pass_at_k_of_flaky_samples_matches_the_hand_computation(tmp_path: Path)
     assert by_hand_hat[3] == 0.25
     assert sorted(exact["flaky"]) == ["p1", "p2"]
     assert exact["mean"]["value"] == pytest.approx(0.5, abs=1e-6)
+
+
+def test_score_says_when_a_batch_is_still_writing_the_results(tmp_path: Path) -> None:
+    config = tmp_path / "slow.toml"
+    config.write_text(CONFIG + '\n[[models]]\nname = "slow-echo"\nid = "mock/echo:0.2"\n')
+    prompts = _write(tmp_path / "prompts.jsonl",
+                     [{"id": f"q{i}", "prompt": f"answer {i}", "expected": f"answer {i}"}
+                      for i in range(12)])
+    output = tmp_path / "results.jsonl"
+    batch = subprocess.Popen([*COMMAND, "batch", prompts, "-m", "slow-echo", "-o", str(output),
+                              "--config", str(config), "--concurrency", "1"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and batch.poll() is None:
+            if output.exists() and output.read_bytes().count(b"\n") >= 2:
+                break
+            time.sleep(0.02)
+        assert batch.poll() is None, batch.communicate()
+        status, out, err = _score(str(output), str(config), "exact")
+        assert batch.poll() is None  # the batch was still running all along
+        batch.communicate(timeout=60)
+    finally:
+        batch.kill()
+    assert status == 0, err
+    assert f"fanout score: {output}: being written by a running fanout batch (pid " in err
+    assert "recorded so far: run the same command again once it ends to score the rest" in err
+    scored = int(out.split("exact: ")[1].split(" new")[0])
+    assert 2 <= scored < 12
+    status, out, err = _score(str(output), str(config), "exact")
+    assert status == 0 and "being written" not in err
+    assert f"exact: {12 - scored} new" in out and f"{scored} current" in out
