@@ -41,6 +41,7 @@ import datetime
 import json
 import math
 import os
+import shlex
 import sys
 import time
 from collections import Counter, deque
@@ -472,6 +473,7 @@ def _run(options: BatchOptions, config: Config, models: Sequence[ModelConfig],
             console.print(summary_view(model_summary(RecordReader(file)), console))
     except OSError as exc:
         say(f"-o {options.output}: cannot read it back for the summary: {exc.strerror or exc}")
+    failed_judges: str | None = None
     if scoring is not None and scores is not None:
         scores.close()
         for item in selected:
@@ -480,6 +482,9 @@ def _run(options: BatchOptions, config: Config, models: Sequence[ModelConfig],
         if scores.error is not None:
             say(f"--scores {scores.path}: cannot write: {scores.error.strerror or scores.error}"
                 "; `fanout score` on the results file scores what is missing")
+        failed_judges = _failed_judges(scoring, selected, options)
+        if failed_judges is not None:
+            say(failed_judges)
     if session.interrupted:
         say("interrupted: the streams in flight were recorded as cancelled; "
             "run the same command again to finish")
@@ -510,7 +515,27 @@ def _run(options: BatchOptions, config: Config, models: Sequence[ModelConfig],
                                   accept_empty=options.accept_empty):
             say(line)
         return 1
-    return 0
+    return 1 if failed_judges is not None else 0
+
+
+def _failed_judges(scoring: Scoring, selected: Sequence[Selected], options: BatchOptions
+                   ) -> str | None:
+    """The line that says which judges' streams did not complete (their answers hold an
+    ``error`` score, not current) and the command that asks them again; ``None`` if all
+    answered."""
+    failed = {item.name: scoring.tallies[item.name].judge_failed for item in selected
+              if scoring.tallies[item.name].judge_failed}
+    if not failed:
+        return None
+    total = sum(failed.values())
+    command = ["fanout", "score", options.output, *(
+        part for name in failed for part in ("--score", name))]
+    if options.config is not None:
+        command += ["--config", options.config]
+    if options.scores is not None:
+        command += ["--scores", options.scores]
+    return (f"{total} judge stream{'s' if total != 1 else ''} did not complete (error "
+            f"scores); `{shlex.join(command)}` asks {'them' if total != 1 else 'it'} again")
 
 
 def _score_done(scoring: Scoring, output: str, keys: set[str]) -> None:

@@ -123,6 +123,8 @@ def _prompt(line: bytes, number: int) -> Prompt:
         raise ValueError("not UTF-8 text") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"bad JSON: {exc.msg} (column {exc.colno})") from None
+    except RecursionError:
+        raise ValueError("bad JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise ValueError(f"must be a JSON object, not {_kind(data)}")
     if "id" not in data:
@@ -173,6 +175,8 @@ def _prompt(line: bytes, number: int) -> Prompt:
             json.dumps(data["expected"], allow_nan=False)
         except ValueError:
             raise ValueError("expected must be JSON (NaN and Infinity are not)") from None
+        except RecursionError:
+            raise ValueError("expected is nested too deeply") from None
     category = data.get("category")
     if category is not None and (not isinstance(category, str) or not category.strip()):
         raise ValueError(f"category must be a non-empty string, not {_kind(category)}")

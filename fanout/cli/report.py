@@ -32,7 +32,6 @@ import math
 import os
 import re
 import stat
-import statistics
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -182,7 +181,11 @@ def _percentile(ordered: list[float], pct: float) -> float | None:
     if not ordered:
         return None
     if pct == 50:
-        return statistics.median(ordered)
+        middle = len(ordered) // 2
+        if len(ordered) % 2:
+            return ordered[middle]
+        # halves first: (a + b) / 2 overflows to inf for values near the double range
+        return ordered[middle - 1] / 2 + ordered[middle] / 2
     return ordered[max(0, math.ceil(pct / 100 * len(ordered)) - 1)]
 
 
@@ -403,10 +406,13 @@ def _load_prompts(path: str, err: TextIO) -> dict[str, dict[str, Any]] | None:
     """prompt id -> what a prompts file's line says over a record (messages, and
     expected, category, tags when it has them), as ``fanout score --prompts`` reads it;
     ``None`` (said, every bad line) when the file is unusable."""
+    from ..eval.scores import as_read_back
     from .prompts import PromptFileError, load_prompts
 
     try:
-        return {str(p.id): {"messages": [dict(m) for m in p.messages], **p.eval_fields()}
+        return {str(p.id): {"messages": [dict(m) for m in p.messages],
+                            **{name: as_read_back(value) if name == "expected" else value
+                               for name, value in p.eval_fields().items()}}
                 for p in load_prompts(path)}
     except PromptFileError as exc:
         for problem in exc.problems:
@@ -414,6 +420,14 @@ def _load_prompts(path: str, err: TextIO) -> dict[str, dict[str, Any]] | None:
         if exc.total:
             print(f"fanout report: {printable(str(exc))}", file=err)
         return None
+
+
+def _same_file(one: str, other: str) -> bool:
+    """Whether two paths name the same existing file (a pipe never is: it is read once)."""
+    try:
+        return os.path.samefile(one, other) and stat.S_ISREG(os.stat(one).st_mode)
+    except OSError:
+        return False
 
 
 def _html_problem(target: str, inputs: Sequence[str]) -> str | None:
@@ -441,8 +455,21 @@ def _html_problem(target: str, inputs: Sequence[str]) -> str | None:
     return None
 
 
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float as ``None``: strict JSON (no ``NaN`` or
+    ``Infinity``, which most parsers refuse) whatever a results file held."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
+
+
 def _json_text(value: Any) -> str:
-    return json.dumps(value, indent=2).replace("\x7f", "\\u007f")  # ASCII, inert
+    return json.dumps(_finite(value), indent=2, allow_nan=False).replace(
+        "\x7f", "\\u007f")  # ASCII, inert
 
 
 _LIGHT = ("id", "model", "sample", "outcome", "content_key", "cost", "category", "tags")
@@ -495,6 +522,12 @@ def report(path: str, *, as_json: bool, stdout: TextIO | None = None,
     from ..eval.scores import scores_path
 
     scores_file = scores if scores is not None else str(scores_path(path))
+    for flag, given, results in (("--scores", scores, path),
+                                 ("--against-scores", against_scores, against)):
+        if given is not None and results is not None and _same_file(given, results):
+            print(f"fanout report: {flag} {printable(given)}: is the results file "
+                  f"{printable(results)}; name its scores file", file=err)
+            return 2
     if html is not None:
         inputs = [path, scores_file] + ([against, against_scores or str(scores_path(against))]
                                         if against is not None else [])

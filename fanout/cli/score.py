@@ -17,12 +17,16 @@ no prompt line keeps its record's, and is counted).
 Exit status: 0 when every score was written and every judge answered, 1
 when a write failed or a judge stream did not complete (its score is an
 ``error``; running again asks it again) or the run was interrupted, 2 for
-bad usage or input, 130 after a second Ctrl-C.
+bad usage or input, 130 after a second Ctrl-C, 143 after SIGTERM (which stops like
+the first Ctrl-C: what was scored stays, the judges in flight are cancelled and
+get no score, a rerun asks them).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import signal
 import sys
 from collections.abc import Callable, Mapping
 from functools import partial
@@ -41,11 +45,12 @@ from .common import interrupt_on_sigint, open_endpoint
 from .common import only as _only
 from .prompts import PromptFileError, load_prompts
 from .report import printable
-from .results import RecordReader, ResultsFileError, work_key
+from .results import RecordReader, ResultsFileError, _holder, lock_path, work_key
 
 __all__ = ["ScoreOptions", "latest_records", "run_score"]
 
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 128 + signal.SIGTERM
 #: Units listed by key in a summary line (the rest are counted).
 LISTED = 5
 
@@ -72,6 +77,23 @@ def latest_records(path: str) -> tuple[dict[str, dict[str, Any]], RecordReader]:
             latest.pop(key, None)
             latest[key] = record
     return latest, reader
+
+
+def _being_written(path: str) -> str | None:
+    """Who is writing the results file at ``path`` (a batch holds its lock), or
+    ``None``: scoring it then sees the records written so far, not the batch's end."""
+    try:
+        with open(path, "rb") as file:
+            try:
+                fcntl.flock(file.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return _holder(lock_path(path))
+            except OSError:  # a file system without locks: nothing to tell
+                return None
+            fcntl.flock(file.fileno(), fcntl.LOCK_UN)
+    except OSError:
+        return None
+    return None
 
 
 def as_scored(record: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -143,6 +165,11 @@ def run_score(options: ScoreOptions, *, stdout: TextIO | None = None,
             f"{'s are' if reader.unreadable.total != 1 else ' is'} not records and "
             f"{'are' if reader.unreadable.total != 1 else 'is'} skipped "
             f"({reader.unreadable.describe()[0]})")
+    writing = _being_written(options.results)
+    if writing is not None:
+        say(f"{options.results}: being written by a running fanout batch ({writing}); "
+            f"scoring the {len(latest)} unit{'s' if len(latest) != 1 else ''} recorded so "
+            "far: run the same command again once it ends to score the rest")
     target = Path(options.scores) if options.scores else scores_path(options.results)
     try:
         writer = ScoresFile(target, not_same_as=(f"the results file {options.results}", source))
@@ -189,18 +216,22 @@ def _run(options: ScoreOptions, config: Config, selected: list[Selected],
             f" of the results have no line there ({shown}); their records' expected values "
             "are used")
     interrupted = False
+    status_if_interrupted = 1
     if scoring.pending:
         pending = scoring.pending
         say(f"{pending} judge request{'s' if pending != 1 else ''} to send")
         scoring.sync_inline = False  # the judges' task syncs every second
+        terminated: list[bool] = []
         try:
-            trio.run(_judge, scoring, writer, endpoint)
+            trio.run(_judge, scoring, writer, endpoint, terminated)
         except BaseException as exc:
             if not _only(exc, KeyboardInterrupt):
                 raise
             say("stopped at once; run the same command again to finish")
             return EXIT_INTERRUPTED
         interrupted = scoring.interrupted
+        if terminated:
+            status_if_interrupted = EXIT_TERMINATED
     writer.close()
     failed_judges = 0
     for item in selected:
@@ -219,7 +250,7 @@ def _run(options: ScoreOptions, config: Config, selected: list[Selected],
     if interrupted:
         say("interrupted: the judges not asked yet are left; run the same command again to "
             "finish")
-        return 1
+        return status_if_interrupted
     if failed_judges:
         say(f"{failed_judges} judge stream{'s' if failed_judges != 1 else ''} did not complete "
             "(error scores); running the same command again asks "
@@ -228,12 +259,23 @@ def _run(options: ScoreOptions, config: Config, selected: list[Selected],
     return 0
 
 
-async def _judge(scoring: Scoring, writer: ScoresFile, endpoint: Endpoint | None) -> None:
+async def _judge(scoring: Scoring, writer: ScoresFile, endpoint: Endpoint | None,
+                 terminated: list[bool]) -> None:
     async with open_endpoint(endpoint) as resolved, trio.open_nursery() as nursery:
         nursery.start_soon(interrupt_on_sigint, partial(_interrupt, scoring, nursery))
+        nursery.start_soon(_stop_on_sigterm, scoring, terminated)
         nursery.start_soon(_fsync_every_second, writer)
         await scoring.run(resolved)
         nursery.cancel_scope.cancel()
+
+
+async def _stop_on_sigterm(scoring: Scoring, terminated: list[bool]) -> None:
+    """SIGTERM (what process managers and ``timeout`` send) stops like the first
+    Ctrl-C: no more judges sent, the scores written stay, the exit status is 143."""
+    with trio.open_signal_receiver(signal.SIGTERM) as signals:
+        async for _ in signals:
+            terminated.append(True)
+            scoring.stop()
 
 
 def _interrupt(scoring: Scoring, nursery: trio.Nursery) -> None:

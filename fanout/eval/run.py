@@ -42,7 +42,7 @@ from .budget import Budget
 from .cost import cost_of, usage_record
 from .judge import JudgeScorer
 from .scorers import BUILTIN, Answer, Score, Scorer
-from .scores import ScoresFile, answer_key, score_record
+from .scores import ScoresFile, answer_key, as_read_back, score_record
 
 __all__ = ["JUDGE_RETRY", "Scoring", "Selected", "Tally", "UnknownScorer", "select_scorers"]
 
@@ -201,7 +201,10 @@ class Scoring:
 
     def add(self, record: Mapping[str, Any], prompt: Mapping[str, Any] | None = None) -> None:
         """Score one results record (``prompt``: a prompts-file line whose ``expected``,
-        ``category``, ``tags`` and messages override the record's)."""
+        ``category``, ``tags`` and messages override the record's).  ``expected`` is
+        taken as the results file reads it back (``as_read_back``): a score made as
+        the batch writes the record is the one ``fanout score`` would make."""
+        record, prompt = _read_back(record), prompt and _read_back(prompt)
         effective = _effective(record, prompt)
         answer = Answer.from_record(record, prompt)
         akey = answer_key(effective)
@@ -285,8 +288,9 @@ class Scoring:
             nursery.cancel_scope.cancel()
 
     def stop(self) -> None:
-        """Ctrl-C: send no more judge requests (the queued ones are left for a rerun) and
-        cancel the running ones (their error scores are asked again by a rerun)."""
+        """Ctrl-C (or SIGTERM): send no more judge requests and cancel the running ones;
+        neither gets a score (both are ``not judged`` in the tally), so a rerun asks
+        them."""
         self.interrupted = True
         if self._fan is not None:
             self._fan.cancel_all("cancelled: interrupted")
@@ -359,6 +363,12 @@ class Scoring:
         judge = {"model": model.name, "model_id": model.id, "outcome": str(result.outcome),
                  "reason": result.reason, "text": result.text, "usage": usage, "cost": cost,
                  "cost_source": source}
+        if result.outcome == Outcome.CANCELLED and self.interrupted:
+            # cut by our own stop, not by the judge: no score at all (an error score
+            # would count against the answer until a rerun), left for the rerun
+            tally.not_judged += 1
+            self.wake()
+            return
         if result.outcome == Outcome.COMPLETED:
             score = job.selected.judge.verdict(result.text)
         else:
@@ -368,6 +378,12 @@ class Scoring:
         if self.on_budget is not None and self.budget is not None:
             self.on_budget()
         self.wake()
+
+
+def _read_back(fields: Mapping[str, Any]) -> Mapping[str, Any]:
+    if "expected" not in fields:
+        return fields
+    return {**fields, "expected": as_read_back(fields["expected"])}
 
 
 def _effective(record: Mapping[str, Any], prompt: Mapping[str, Any] | None

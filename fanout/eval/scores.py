@@ -41,12 +41,15 @@ from ..cli.results import (
     ResultsFile,
     Unreadable,
     _json_kind,
+    _parse,
     read_existing,
     scan,
     work_key,
 )
+from ..records import dumps_bytes
 
-__all__ = ["STATUSES", "Scores", "ScoresFile", "answer_key", "read_scores", "score_id",
+__all__ = ["STATUSES", "Scores", "ScoresFile", "answer_key", "as_read_back", "read_scores",
+           "score_id",
            "score_problem", "score_record", "scores_path"]
 
 #: What a score record's ``status`` can be.
@@ -60,6 +63,17 @@ def scores_path(results_path: str | os.PathLike[str]) -> Path:
     path = Path(results_path)
     stem = path.name[:-len(".jsonl")] if path.name.endswith(".jsonl") else path.name
     return path.with_name(stem + ".scores.jsonl")
+
+
+def as_read_back(value: Any) -> Any:
+    """``value`` as a results file gives it back once written: what a scorer must see
+    of a prompt's ``expected`` while the batch runs, so that its score is the one
+    ``fanout score`` gives and its ``answer_key`` stays current.  Integers past the
+    64-bit range read back as floats (``12345678901234567890123`` is
+    ``1.2345678901234568e+22``: the project's one JSON behaviour); every other
+    JSON value is itself."""
+    parsed, problem = _parse(dumps_bytes(value))
+    return value if problem is not None else parsed
 
 
 def answer_key(record: Mapping[str, Any]) -> str:
