@@ -137,8 +137,13 @@ def test_the_scoring_sessions_print_what_the_readme_shows(tmp_path: Path) -> Non
     _default_config(tmp_path)
     scoring = _part("### Scoring")
     sessions = re.findall(r"```\n(\$ .*?)```", scoring, re.S)
-    assert len(sessions) == 3
-    assert sum(_replay(session, tmp_path) for session in sessions) == 5
+    # Three sessions run on the default config as they are; the others need what they say
+    # (a config with a cut judge, a SIGTERM mid-run, a batch running beside): tested in
+    # tests/eval/test_adversarial*.py, not replayed here.
+    replayable = [session for session in sessions
+                  if "key.toml" not in session and " &" not in session]
+    assert len(sessions) == 6 and len(replayable) == 3
+    assert sum(_replay(session, tmp_path) for session in replayable) == 5
     # The capital record of mock/echo, as shown.
     shown = _block(_part("### Expected answers"), "The `capital` record of `mock/echo`", "json")
     shown_record = json.loads(shown.replace(", …}", "}"))
