@@ -29,7 +29,14 @@ from typing import Any, ClassVar
 
 from .._exceptions import MalformedFrame
 from . import _json
-from .chat import MAX_TOOL_CALLS, other_dialect
+from .chat import (  # one definition of each, shared with the chat interpreter
+    MAX_TOOL_CALLS,
+    _first_line,
+    _loads_checked,
+    _short,
+    _str_or_none,
+    other_dialect,
+)
 from .events import CoreEvent, ErrorReported, FrameSkipped, ResponseInfo
 from .redact import Redactor
 from .result import StreamError
@@ -239,17 +246,8 @@ class DialectInterpreter:
         return value
 
 
-def _loads_checked(text: str) -> Any:
-    try:
-        return _json.loads(text)
-    except (ValueError, RecursionError):
-        return _json.loads_stdlib(text)
 
 
-def _str_or_none(value: Any) -> str | None:
-    if value is None or type(value) is str:
-        return value
-    return str(value)
 
 
 def _str_value(value: Any) -> str | None:
@@ -259,12 +257,3 @@ def _str_value(value: Any) -> str | None:
 
 def _int_or_none(value: Any) -> int | None:
     return value if type(value) is int else None
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def _first_line(exc: BaseException) -> str:
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__

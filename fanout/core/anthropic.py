@@ -56,9 +56,9 @@ from ._dialect import (
     DialectInterpreter,
     Handler,
     _int_or_none,
-    _str_or_none,
     _str_value,
 )
+from .chat import _compact, _str_or_none
 from .events import (
     ChoiceFinished,
     ChoiceRole,
@@ -417,7 +417,7 @@ def anthropic_body_events(payload: Any, stream: str = "", content_key: str = "",
         if type(payload) is dict and payload.get("error"):
             return [ErrorReported(interpreter._error(payload), stream, content_key)]
         return [FrameSkipped("the body is neither a stream nor an Anthropic message object",
-                             _compact(payload), stream, content_key)]
+                             _compact(payload, 200), stream, content_key)]
     out: list[CoreEvent] = []
     frames: list[dict[str, Any]] = [
         {"type": "message_start", "message": {**payload, "content": []}}]
@@ -444,10 +444,3 @@ def anthropic_body_events(payload: Any, stream: str = "", content_key: str = "",
     for frame in frames:
         interpreter.interpret_into(ServerSentEvent(json.dumps(frame)), out)
     return out
-
-
-def _compact(value: Any) -> str:
-    try:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))[:200]
-    except (TypeError, ValueError):
-        return repr(value)[:200]

@@ -405,11 +405,11 @@ def _code(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
-def _compact(value: Any) -> str:
+def _compact(value: Any, limit: int = 2000) -> str:
     try:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))[:2000]
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))[:limit]
     except (TypeError, ValueError):
-        return repr(value)[:2000]
+        return repr(value)[:limit]
 
 
 def _short(value: Any) -> str:

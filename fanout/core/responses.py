@@ -55,10 +55,9 @@ from ._dialect import (
     DialectInterpreter,
     Handler,
     _int_or_none,
-    _short,
-    _str_or_none,
     _str_value,
 )
+from .chat import _compact, _short, _str_or_none
 from .events import (
     ChoiceFinished,
     ChoiceRole,
@@ -523,7 +522,7 @@ def responses_body_events(payload: Any, stream: str = "", content_key: str = "",
                                                      if type(payload.get("error")) is dict
                                                      else payload), stream, content_key)]
         return [FrameSkipped("the body is neither a stream nor a Responses response object",
-                             _compact(payload), stream, content_key)]
+                             _compact(payload, 200), stream, content_key)]
     interpreter = ResponsesInterpreter(stream=stream, content_key=content_key)
     out: list[CoreEvent] = []
     frames = [{"type": "response.created", "response": payload}, *_output_frames(payload["output"])]
@@ -568,10 +567,3 @@ def _output_frames(output: list[Any]) -> list[dict[str, Any]]:
                        "item": added if kind != "function_call" else {
                            **added, "arguments": _arguments_text(item.get("arguments"))}})
     return frames
-
-
-def _compact(value: Any) -> str:
-    try:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))[:200]
-    except (TypeError, ValueError):
-        return repr(value)[:200]
