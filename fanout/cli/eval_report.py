@@ -21,6 +21,7 @@ from rich.text import Text
 
 from ..eval.aggregate import Comparison, Evaluation, Flip, ModelRow, Paired, ScorerRow
 from ..eval.stats import EXACT_BELOW, Estimate
+from .report import pair_lines
 
 __all__ = ["comparison_view", "cost_lines", "evaluation_view", "fit", "format_cost"]
 
@@ -118,16 +119,7 @@ def fit(columns: Sequence[Column], rows: Sequence[Mapping[str, Text]],
     parts: list[RenderableType] = []
     for row in rows:
         parts.append(Text(row[columns[0][0]].plain, "bold", overflow="fold"))
-        line = Text("  ")
-        for label, _ in columns[1:]:
-            pair = Text.assemble((f"{label} ", "dim"), row[label])
-            if line.cell_len > 2 and line.cell_len + 2 + pair.cell_len > console.width:
-                parts.append(line)
-                line = Text("  ")
-            elif line.cell_len > 2:
-                line.append("  ")
-            line.append_text(pair)
-        parts.append(line)
+        parts += pair_lines([(label, row[label]) for label, _ in columns[1:]], console.width)
     return parts
 
 

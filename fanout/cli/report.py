@@ -287,17 +287,26 @@ def _blocks(summary: Mapping[str, Mapping[str, Any]], width: int) -> list[Render
     for model, row in summary.items():
         cells = _cells(row)
         parts.append(Text(printable(model), "bold", overflow="fold"))
-        line = Text("  ")
-        for label, _ in _OUTCOME_COLUMNS + _COST_COLUMNS:
-            pair = Text.assemble((f"{label} ", "dim"), cells[label])
-            if line.cell_len > 2 and line.cell_len + 2 + pair.cell_len > width:
-                parts.append(line)
-                line = Text("  ")
-            elif line.cell_len > 2:
-                line.append("  ")
-            line.append_text(pair)
-        parts.append(line)
+        parts += pair_lines([(label, cells[label])
+                             for label, _ in _OUTCOME_COLUMNS + _COST_COLUMNS], width)
     return parts
+
+
+def pair_lines(pairs: Sequence[tuple[str, Text]], width: int) -> list[Text]:
+    """``label value`` pairs, indented, as many a line as fit in ``width`` (a pair is
+    never split): the body of a block when a table does not fit."""
+    lines = []
+    line = Text("  ")
+    for label, value in pairs:
+        pair = Text.assemble((f"{label} ", "dim"), value)
+        if line.cell_len > 2 and line.cell_len + 2 + pair.cell_len > width:
+            lines.append(line)
+            line = Text("  ")
+        elif line.cell_len > 2:
+            line.append("  ")
+        line.append_text(pair)
+    lines.append(line)
+    return lines
 
 
 def _reason_lines(summary: Mapping[str, Mapping[str, Any]]) -> list[Text]:

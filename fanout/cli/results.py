@@ -55,7 +55,8 @@ from ..records import dumps_bytes
 
 __all__ = ["OUTCOMES", "STATES", "Existing", "Line", "RecordReader", "ResultsFile",
            "ResultsFileError", "Unreadable", "is_empty", "parse_shard", "read_results",
-           "record_problem", "scan", "shard_of", "state_of", "work_key"]
+           "record_problem", "scan", "shard_of", "state_of", "unit_problem",
+           "work_key"]
 
 #: The outcomes a record can name: the engine's.
 OUTCOMES = tuple(str(outcome) for outcome in Outcome)
@@ -93,25 +94,37 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 def record_problem(value: object) -> str | None:
     """Why ``value`` is not a results record (one short phrase), or ``None`` if it is."""
+    problem = unit_problem(value, ("id", "model", "sample", "outcome", "content_key"))
+    if problem is not None:
+        return problem
+    assert isinstance(value, dict)
+    if value["outcome"] not in OUTCOMES:
+        return f"outcome is {_json_kind(value['outcome'])}, not one of {', '.join(OUTCOMES)}"
+    if not isinstance(value["content_key"], str):
+        return f"content_key is {_json_kind(value['content_key'])}, not a string"
+    return None
+
+
+def unit_problem(value: object, required: tuple[str, ...],
+                 names: tuple[str, ...] = ("model",)) -> str | None:
+    """Why ``value`` is not a record of one unit of work (an object holding ``required``,
+    with an ``id``, non-empty string ``names`` and a ``sample``), or ``None``: the checks
+    a results record and a score record share."""
     if not isinstance(value, dict):
         return f"a JSON {_json_kind(value)}, not an object"
-    missing = [name for name in ("id", "model", "sample", "outcome", "content_key")
-               if name not in value]
+    missing = [name for name in required if name not in value]
     if missing:
         return f"no {', '.join(missing)}"
     prompt_id = value["id"]
     if isinstance(prompt_id, bool) or not isinstance(prompt_id, str | int) or (
             isinstance(prompt_id, str) and not prompt_id):
         return f"id is {_json_kind(prompt_id)}, not a non-empty string or an integer"
-    if not isinstance(value["model"], str) or not value["model"]:
-        return f"model is {_json_kind(value['model'])}, not a non-empty string"
+    for name in names:
+        if not isinstance(value[name], str) or not value[name]:
+            return f"{name} is {_json_kind(value[name])}, not a non-empty string"
     sample = value["sample"]
     if isinstance(sample, bool) or not isinstance(sample, int) or sample < 0:
         return f"sample is {_json_kind(sample)}, not an integer >= 0"
-    if value["outcome"] not in OUTCOMES:
-        return f"outcome is {_json_kind(value['outcome'])}, not one of {', '.join(OUTCOMES)}"
-    if not isinstance(value["content_key"], str):
-        return f"content_key is {_json_kind(value['content_key'])}, not a string"
     return None
 
 

@@ -44,6 +44,7 @@ from ..cli.results import (
     _parse,
     read_existing,
     scan,
+    unit_problem,
     work_key,
 )
 from ..records import dumps_bytes
@@ -108,22 +109,11 @@ def score_id(key: str, scorer: str) -> str:
 
 def score_problem(value: object) -> str | None:
     """Why ``value`` is not a score record (one short phrase), or ``None`` if it is."""
-    if not isinstance(value, dict):
-        return f"a JSON {_json_kind(value)}, not an object"
-    missing = [name for name in ("id", "model", "sample", "scorer", "status", "answer_key",
-                                 "scorer_key") if name not in value]
-    if missing:
-        return f"no {', '.join(missing)}"
-    prompt_id = value["id"]
-    if isinstance(prompt_id, bool) or not isinstance(prompt_id, str | int) or (
-            isinstance(prompt_id, str) and not prompt_id):
-        return f"id is {_json_kind(prompt_id)}, not a non-empty string or an integer"
-    for name in ("model", "scorer"):
-        if not isinstance(value[name], str) or not value[name]:
-            return f"{name} is {_json_kind(value[name])}, not a non-empty string"
-    sample = value["sample"]
-    if isinstance(sample, bool) or not isinstance(sample, int) or sample < 0:
-        return f"sample is {_json_kind(sample)}, not an integer >= 0"
+    problem = unit_problem(value, ("id", "model", "sample", "scorer", "status", "answer_key",
+                                   "scorer_key"), ("model", "scorer"))
+    if problem is not None:
+        return problem
+    assert isinstance(value, dict)
     if value["status"] not in STATUSES:
         return f"status is {_json_kind(value['status'])}, not one of {', '.join(STATUSES)}"
     for name in ("answer_key", "scorer_key"):
