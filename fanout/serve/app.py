@@ -154,6 +154,8 @@ async def _api_error(request: Request, exc: Exception) -> Response:
         rejected["too_large"] += 1
     elif exc.status == 400:
         rejected["bad_request"] += 1
+    elif exc.status == 421:
+        rejected["misdirected"] += 1
     return error_response(exc)
 
 

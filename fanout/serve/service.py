@@ -189,7 +189,8 @@ class Service:
             "totals": {"fanouts": self.fanouts_total, "streams": self.streams_total,
                        "outcomes": {str(o): self.outcomes.get(str(o), 0) for o in Outcome}},
             "rejected": {name: self.rejected.get(name, 0)
-                         for name in ("unauthorized", "bad_request", "too_large", "busy")},
+                         for name in ("unauthorized", "bad_request", "too_large", "busy",
+                                      "misdirected")},
             "limits": {"max_fanouts": limits.max_fanouts, "max_streams": limits.max_streams,
                        "max_body_bytes": limits.max_body_bytes,
                        "retry_after": limits.retry_after, "keepalive": limits.keepalive},

@@ -91,6 +91,7 @@ async def test_a_cancel_sent_to_another_replica_is_a_421_naming_the_owner(
                 assert error["message"].startswith("this fan-out runs on replica r1, not on "
                                                    "this one (r2): send its cancel to r1")
             assert fanout_id in one.service.fanouts  # still running: nothing was cancelled
+            assert two.service.status()["rejected"]["misdirected"] == 3  # seen in r2's status
             assert one.service.status()["running"]["streams"] == 1
             right = await to_one.post(f"/v1/fanout/{fanout_id}/cancel")
             assert right.status_code == 200 and right.headers["x-fanout-replica"] == "r1"
