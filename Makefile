@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed-dev
 
-.PHONY: test demo lint typecheck bench clean browser
+.PHONY: test demo lint typecheck bench clean browser haproxy
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,8 +21,18 @@ browser:
 	@test -x $(CHROMIUM) || { $(SUDO) apt-get update -q && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q chromium; }
 
-## make test: lint, type-check and run the whole suite (the page's test in chromium too).
-test: $(STAMP) browser
+## make haproxy: Debian's haproxy for tests/serve/test_haproxy.py, which runs
+## examples/haproxy.cfg in front of two replicas of `fanout serve`; installed only when
+## it is missing.
+HAPROXY ?= /usr/sbin/haproxy
+haproxy:
+	@test -x $(HAPROXY) || { echo "installing haproxy (apt): tests/serve/test_haproxy.py runs examples/haproxy.cfg"; \
+	  $(SUDO) apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends haproxy; }
+
+## make test: lint, type-check and run the whole suite (the page's test in chromium and
+## the load balancer's in haproxy too).
+test: $(STAMP) browser haproxy
 	$(PY) -m ruff check fanout tests bench examples
 	$(PY) -m mypy fanout
 	$(PY) -m pytest

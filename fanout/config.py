@@ -35,6 +35,8 @@ A config is TOML (read with the stdlib ``tomllib``)::
     max_fanouts = 64                        # fan-outs running at once (429 past it)
     retry_after = 1                         # seconds, in a 429's Retry-After
     keepalive = 15                          # seconds of silence before a ": keep-alive"
+    replica = "eu-1"                        # names this replica (its fan-out ids, headers);
+                                            # default: host name and port, "web1-8080"
 
     [[models]]
     name = "fast"                           # what -m and the results call it
@@ -89,8 +91,8 @@ from .request import Deadlines, Endpoint
 if TYPE_CHECKING:
     from .eval.scorers import Scorer
 
-__all__ = ["EMBEDDED", "Config", "ModelConfig", "ScorerConfig", "ServeConfig", "check_tools",
-           "find_config", "load_config", "parse_config", "read_tools"]
+__all__ = ["EMBEDDED", "REPLICA_NAME", "Config", "ModelConfig", "ScorerConfig", "ServeConfig",
+           "check_tools", "find_config", "load_config", "parse_config", "read_tools"]
 
 #: ``base_url = "embedded"``: start the embedded upstream in-process (no key, no network).
 EMBEDDED = "embedded"
@@ -131,6 +133,8 @@ _PARAM_NAMES = frozenset({
 _RESERVED_PARAMS = ("model", "messages", "stream", "tools")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # A browser origin as it sends it: scheme://host[:port], a bracketed IPv6 host allowed.
+#: ``[serve] replica``: safe in a URL path, a fan-out id and a load balancer's config.
+REPLICA_NAME = re.compile(r"[A-Za-z0-9_-]{1,63}\Z")
 _ORIGIN = re.compile(r"https?://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?\Z")
 
 
@@ -187,6 +191,9 @@ class ServeConfig:
     ``max_streams`` = models x samples x n) and the service
     (``max_fanouts`` running at once; past it a 429 with ``retry_after``).
     ``keepalive``: seconds without data before an SSE comment is sent.
+    ``replica``: this process's name among replicas behind a load balancer
+    (``REPLICA_NAME``: letters, digits, ``_``, ``-``; at most 63); ``None``: the
+    host name and the port.
     """
 
     keys_env: str | None = None
@@ -198,6 +205,7 @@ class ServeConfig:
     max_fanouts: int = 64
     retry_after: int = 1
     keepalive: float = 15.0
+    replica: str | None = None
 
 
 @final
@@ -552,6 +560,11 @@ class _Checker:
             raise self.fail(f"{where} keepalive",
                             f"must be a number of seconds > 0, not {_kind(keepalive)}")
 
+        replica = table.get("replica")
+        if replica is not None and not (isinstance(replica, str) and REPLICA_NAME.match(replica)):
+            raise self.fail(f"{where} replica", f"must be 1 to 63 letters, digits, _ or -, not "
+                            f"{_kind(replica)} (it goes in fan-out ids and URLs)")
+
         def count(key: str, default: int) -> int:
             value = self.count(table, key, where)
             return default if value is None else value
@@ -562,7 +575,7 @@ class _Checker:
             max_streams=count("max_streams", defaults.max_streams),
             max_fanouts=count("max_fanouts", defaults.max_fanouts),
             retry_after=count("retry_after", defaults.retry_after),
-            keepalive=float(keepalive))
+            keepalive=float(keepalive), replica=replica)
 
     def model(self, raw: Any, number: int) -> ModelConfig:
         where = f"[[models]] #{number}"

@@ -85,14 +85,17 @@ def run_serve(options: ServeOptions, *, stdout: TextIO | None = None,
         async with open_endpoint(endpoint) as resolved, \
                 open_service(config, resolved, keys=keys) as service, \
                 trio.open_nursery() as nursery:
+            if port:
+                service.bound(port)  # named before a health check can arrive
             url: str = await nursery.start(partial(
                 serve_app, service, host, port,
                 shutdown_trigger=partial(stop_on_signal, partial(service.shutdown))))
+            service.bound(int(url.rsplit(":", 1)[1]))  # --port 0: the port just bound
             print(f"{url}/", file=out, flush=True)
             upstream = "the embedded upstream" if config.embedded else resolved.base_url
             print(f"fanout serve: {len(config.models)} models from {config.source} via "
                   f"{upstream}; service keys {'required' if keys else 'not required'}; "
-                  "Ctrl-C stops", file=err, flush=True)
+                  f"replica {service.replica}; Ctrl-C stops", file=err, flush=True)
 
     try:
         trio.run(main)

@@ -5,17 +5,20 @@
 ``/static/{name}``         GET     the page's script and style
 ``/healthz``               GET     ``{"status": "ok"}``; the one route without a key
 ``/v1/models``             GET     the configured models, OpenAI-shaped
-``/v1/status``             GET     fan-outs and streams running, totals since start
+``/v1/status``             GET     this replica: fan-outs and streams running, totals
+                                   since start, limits, its key set's fingerprint
 ``/v1/fanout``             POST    one request, many models: SSE records or one JSON
 ``/v1/fanout/{id}/cancel`` POST    cancel a running fan-out (its streams end
-                                   ``cancelled``, each still with its result)
+                                   ``cancelled``, each still with its result); 421
+                                   naming the owner if another replica runs it
 ``/v1/chat/completions``   POST    one model, passed through as an OpenAI stream
 =========================  ======  ==============================================
 
 An endpoint checks its input (``ApiError`` otherwise: an OpenAI-shaped error)
 and returns a response value; the streaming ones carry a job that the
 response runs.  ``create_app(service)`` wraps the table in the key check and,
-when the config lists origins, CORS.
+when the config lists origins, CORS; every response names the replica
+(``X-Fanout-Replica``).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from .chat import ChatJob
 from .errors import ApiError, error_response, json_response
 from .keys import RequireKey
 from .relay import STOP_REASON, FanoutJob
+from .replica import OWNER_HEADER, REPLICA_HEADER, ReplicaHeader, id_replica
 from .service import Service
 from .sse import CollectedResponse, EventStreamResponse
 
@@ -107,6 +111,12 @@ async def fanout(request: Request) -> Response:
 async def cancel(request: Request) -> Response:
     service = _service(request)
     fanout_id = request.path_params["id"]
+    owner = id_replica(fanout_id)
+    if owner is not None and owner != service.replica:
+        raise ApiError(421, f"this fan-out runs on replica {owner}, not on this one "
+                       f"({service.replica}): send its cancel to {owner} (a load balancer "
+                       "routes it by the replica the id names: examples/haproxy.cfg)",
+                       param="id", code="misdirected_request", headers={OWNER_HEADER: owner})
     running = service.fanouts.get(fanout_id)
     if running is None or running.kind != "fanout":
         raise ApiError(404, "no fan-out with this id is running (it ended, or never was)",
@@ -144,6 +154,8 @@ async def _api_error(request: Request, exc: Exception) -> Response:
         rejected["too_large"] += 1
     elif exc.status == 400:
         rejected["bad_request"] += 1
+    elif exc.status == 421:
+        rejected["misdirected"] += 1
     return error_response(exc)
 
 
@@ -157,20 +169,24 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 async def _internal(request: Request, exc: Exception) -> Response:
     # The traceback goes to the error log; the client learns only that it happened.
-    return error_response(ApiError(500, "internal error in fanout serve", type="server_error"))
+    # (Sent outside every middleware: the replica's header is set here.)
+    return error_response(ApiError(500, "internal error in fanout serve", type="server_error",
+                                   headers={REPLICA_HEADER: _service(request).replica}))
 
 
 def create_app(service: Service) -> Starlette:
-    """The ASGI app serving ``service``: ``ROUTES``, the key check, CORS if configured."""
-    middleware: list[Middleware] = []
+    """The ASGI app serving ``service``: ``ROUTES``, the key check, CORS if configured,
+    the replica's name on every response."""
+    middleware = [Middleware(ReplicaHeader, name=lambda: service.replica)]
     origins = service.limits.cors_origins
     if origins:
         middleware.append(Middleware(CORSMiddleware, allow_origins=list(origins),
                                      allow_methods=["GET", "POST"],
                                      allow_headers=["authorization", "content-type"],
-                                     expose_headers=["x-fanout-id", "retry-after"],
+                                     expose_headers=["x-fanout-id", REPLICA_HEADER,
+                                                     OWNER_HEADER, "retry-after"],
                                      max_age=600))
-    middleware.append(Middleware(RequireKey, service=service))
+    middleware.append(Middleware(RequireKey, keys=service.keys, rejected=service.rejected))
     handlers: dict[Any, Any] = {ApiError: _api_error, HTTPException: _http_error,
                                 Exception: _internal}
     app = Starlette(routes=ROUTES, middleware=middleware, exception_handlers=handlers)

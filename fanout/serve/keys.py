@@ -5,17 +5,23 @@ A token comes as ``Authorization: Bearer <token>`` (API clients), or as HTTP
 Basic with the token as the password or the user name (a browser: the page's
 401 asks for it, and the browser then sends it with the page's own requests).
 Tokens are compared in constant time, each of them; a token sent is never
-echoed, logged or counted by value.
+echoed, logged or counted by value.  ``ServiceKeys.fingerprint`` names the key
+set (never a key) so that replicas holding different keys can be told apart.
+
+The middleware gets the keys and the refusal counter it needs, not the
+service: ``service`` imports this module, never the other way round.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import hmac
 import os
+from collections import Counter
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, final
+from typing import final
 
 import attrs
 from starlette.datastructures import Headers
@@ -23,9 +29,6 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .._exceptions import ConfigError
 from .errors import ApiError, error_response
-
-if TYPE_CHECKING:
-    from .service import Service
 
 __all__ = ["OPEN_PATHS", "RequireKey", "ServiceKeys"]
 
@@ -66,6 +69,19 @@ class ServiceKeys:
     def __bool__(self) -> bool:
         return bool(self.tokens)
 
+    @property
+    def fingerprint(self) -> str | None:
+        """12 hex digits naming the key set; ``None`` without keys.
+
+        The first 12 hex digits of the SHA-256 of the sorted SHA-256 hex digests of
+        the keys, one a line: the same on every replica holding the same keys (in
+        any order), different when one key differs; it gives away no key.
+        """
+        if not self.tokens:
+            return None
+        digests = sorted(hashlib.sha256(token.encode()).hexdigest() for token in self.tokens)
+        return hashlib.sha256("\n".join(digests).encode()).hexdigest()[:12]
+
     def allows(self, authorization: str) -> bool:
         """Whether an ``Authorization`` header value carries one of the tokens."""
         scheme, _, credentials = authorization.strip().partition(" ")
@@ -89,14 +105,16 @@ class ServiceKeys:
 
 
 class RequireKey:
-    """ASGI middleware: with keys set, a request without a valid one gets a 401."""
+    """ASGI middleware: with keys set, a request without a valid one gets a 401
+    (counted in ``rejected["unauthorized"]``)."""
 
-    def __init__(self, app: ASGIApp, service: Service) -> None:
+    def __init__(self, app: ASGIApp, keys: ServiceKeys, rejected: Counter[str]) -> None:
         self.app = app
-        self.service = service
+        self.keys = keys
+        self.rejected = rejected
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        keys = self.service.keys
+        keys = self.keys
         if scope["type"] != "http" or not keys or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
@@ -104,7 +122,7 @@ class RequireKey:
         if header is not None and keys.allows(header):
             await self.app(scope, receive, send)
             return
-        self.service.rejected["unauthorized"] += 1
+        self.rejected["unauthorized"] += 1
         path: str = scope["path"]
         page = path == PAGE_PATHS[0] or path.startswith(PAGE_PATHS[1])
         challenge = ('Basic realm="fanout serve", charset="UTF-8"' if page

@@ -1,12 +1,13 @@
 """The service's state: the resolved endpoint, one shared HTTP client, the fan-outs
 running now (for cancel, status and shutdown), totals since start, and admission.
+All of it is one replica's: behind a load balancer each replica counts and limits
+only what it runs, and says so (``replica``, ``status()``).
 
 ``open_service(config, endpoint)`` builds one; ``create_app(service)`` serves it.
 """
 
 from __future__ import annotations
 
-import secrets
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterable
@@ -17,17 +18,20 @@ import attrs
 import httpx
 import trio
 
-from ..config import Config, ModelConfig
+from ..config import REPLICA_NAME, Config, ModelConfig
 from ..core.result import Outcome, StreamResult
 from ..fanout import Fanout, FanoutOptions
 from ..net.transport import make_client
 from ..request import Endpoint
 from .errors import ApiError
 from .keys import ServiceKeys
+from .replica import default_replica, new_fanout_id
 
-__all__ = ["SHUTDOWN_REASON", "RunningFanout", "Service", "open_service"]
+__all__ = ["PER_REPLICA", "SHUTDOWN_REASON", "RunningFanout", "Service", "open_service"]
 
 SHUTDOWN_REASON = "cancelled: the service is shutting down"
+#: The parts of ``/v1/status`` that are one replica's alone.
+PER_REPLICA = ("running", "totals", "rejected", "limits")
 
 Kind = Literal["fanout", "chat"]
 
@@ -90,15 +94,22 @@ class Service:
     resolved: the embedded upstream is started by whoever built the service),
     ``client`` (one ``httpx.AsyncClient`` for every fan-out), ``keys`` (the
     client tokens; empty: none needed).  ``fanouts`` are the running ones by id.
+    ``replica`` names this process among replicas (``replica``, else ``[serve]
+    replica``, else the host name and ``[serve] port`` until ``bound`` says the
+    real port).
     """
 
     def __init__(self, config: Config, endpoint: Endpoint, client: httpx.AsyncClient, *,
-                 keys: ServiceKeys | None = None) -> None:
+                 keys: ServiceKeys | None = None, replica: str | None = None) -> None:
         self.config = config
         self.limits = config.serve
         self.endpoint = endpoint
         self.client = client
         self.keys = keys or ServiceKeys()
+        if replica is not None and not REPLICA_NAME.match(replica):
+            raise ValueError(f"replica: {replica!r} is not 1 to 63 letters, digits, _ or -")
+        self._named = replica or config.serve.replica
+        self.replica = self._named or default_replica(config.serve.port)
         self.fanouts: dict[str, RunningFanout] = {}
         self.outcomes: Counter[str] = Counter()
         self.rejected: Counter[str] = Counter()
@@ -106,6 +117,12 @@ class Service:
         self.streams_total = 0
         self.closing = False
         self._started = time.monotonic()
+
+    def bound(self, port: int) -> None:
+        """The service listens on ``port``: an unnamed replica is named by it (call it
+        before anyone can know the port, i.e. before printing the URL)."""
+        if not self._named:
+            self.replica = default_replica(port)
 
     def admit(self, kind: Kind, streams: int) -> RunningFanout:
         """A slot for one more fan-out, or an ``ApiError`` (429 past ``max_fanouts``,
@@ -121,7 +138,7 @@ class Service:
                            f"service runs at once (max_fanouts); retry after {wait} s",
                            type="rate_limit_error", code="rate_limit_exceeded",
                            headers={"Retry-After": str(wait)})
-        running = RunningFanout(f"fo-{secrets.token_urlsafe(16)}", kind, streams, self.outcomes)
+        running = RunningFanout(new_fanout_id(self.replica), kind, streams, self.outcomes)
         self.fanouts[running.id] = running
         self.fanouts_total += 1
         self.streams_total += streams
@@ -150,7 +167,9 @@ class Service:
         return len(self.fanouts)
 
     def status(self) -> dict[str, Any]:
-        """``GET /v1/status``: what runs now and the totals since start."""
+        """``GET /v1/status``: which replica answers, what runs on it now, its totals since
+        start and its limits (all of them this replica's alone: ``PER_REPLICA``), and the
+        fingerprint of its key set (never a key)."""
         running = queued = 0
         for fanout in self.fanouts.values():
             now_running, now_queued = fanout.active
@@ -159,13 +178,19 @@ class Service:
         limits = self.limits
         return {
             "object": "fanout.status",
+            "replica": self.replica,
+            "per_replica": list(PER_REPLICA),
+            "note": f"running, totals, rejected and limits are replica {self.replica}'s alone: "
+                    "behind a load balancer each replica counts and limits what it runs",
+            "keys": {"required": bool(self.keys), "fingerprint": self.keys.fingerprint},
             "uptime": round(time.monotonic() - self._started, 3),
             "closing": self.closing,
             "running": {"fanouts": len(self.fanouts), "streams": running, "queued": queued},
             "totals": {"fanouts": self.fanouts_total, "streams": self.streams_total,
                        "outcomes": {str(o): self.outcomes.get(str(o), 0) for o in Outcome}},
             "rejected": {name: self.rejected.get(name, 0)
-                         for name in ("unauthorized", "bad_request", "too_large", "busy")},
+                         for name in ("unauthorized", "bad_request", "too_large", "busy",
+                                      "misdirected")},
             "limits": {"max_fanouts": limits.max_fanouts, "max_streams": limits.max_streams,
                        "max_body_bytes": limits.max_body_bytes,
                        "retry_after": limits.retry_after, "keepalive": limits.keepalive},
@@ -174,14 +199,16 @@ class Service:
 
 @asynccontextmanager
 async def open_service(config: Config, endpoint: Endpoint, *, keys: ServiceKeys | None = None,
-                       client: httpx.AsyncClient | None = None) -> AsyncIterator[Service]:
+                       client: httpx.AsyncClient | None = None,
+                       replica: str | None = None) -> AsyncIterator[Service]:
     """A ``Service`` for the length of the block, with one HTTP client sized to its limits
-    (``max_fanouts`` x ``max_streams`` connections; yours is left open)."""
+    (``max_fanouts`` x ``max_streams`` connections; yours is left open).  ``replica``
+    names it over ``[serve] replica``."""
     own = client is None
     if client is None:
         client = make_client(config.serve.max_fanouts * config.serve.max_streams)
     try:
-        yield Service(config, endpoint, client, keys=keys)
+        yield Service(config, endpoint, client, keys=keys, replica=replica)
     finally:
         if own:
             with trio.CancelScope(shield=True):

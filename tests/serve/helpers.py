@@ -107,14 +107,17 @@ class Served:
 
 @asynccontextmanager
 async def serving(upstream: RunningUpstream, config: Config | None = None, *,
-                  keys: tuple[str, ...] = (), api_key: str | None = None
-                  ) -> AsyncIterator[Served]:
-    """The service on 127.0.0.1:0 against ``upstream``, for the length of the block."""
+                  keys: tuple[str, ...] = (), api_key: str | None = None,
+                  replica: str | None = None) -> AsyncIterator[Served]:
+    """The service on 127.0.0.1:0 against ``upstream``, for the length of the block
+    (named ``replica``, else by the host name and the port it bound, as the command does)."""
     config = config or make_config()
     endpoint = Endpoint(upstream.base_url, api_key)
-    async with open_service(config, endpoint, keys=ServiceKeys(keys)) as service, \
+    async with open_service(config, endpoint, keys=ServiceKeys(keys),
+                            replica=replica) as service, \
             trio.open_nursery() as nursery:
         url = await nursery.start(serve_app, service, "127.0.0.1", 0)
+        service.bound(int(url.rsplit(":", 1)[1]))
         try:
             yield Served(url, service, upstream)
         finally:

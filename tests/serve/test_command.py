@@ -13,6 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from fanout.serve.replica import default_replica, id_replica
+
 ROOT = Path(__file__).resolve().parents[2]
 FANOUT = [sys.executable, "-m", "fanout.cli.main"]
 
@@ -77,3 +79,18 @@ def test_binding_a_taken_port_is_one_line_and_status_1(
     assert taken.returncode == 1
     assert f"fanout serve: cannot listen on 127.0.0.1:{port}: " in taken.stderr
     assert "Traceback" not in taken.stderr
+
+
+def test_without_a_name_the_replica_is_the_host_name_and_the_port_bound(
+        serving: tuple[subprocess.Popen[str], str]) -> None:
+    _, url = serving
+    port = int(url.rstrip("/").rsplit(":", 1)[1])
+    name = default_replica(port)
+    assert name.endswith(f"-{port}")  # the port bound, not the 0 asked for
+    with httpx.Client(base_url=url, timeout=10) as client:
+        health = client.get("/healthz")
+        status = client.get("/v1/status").json()
+        done = client.post("/v1/fanout", json={
+            "messages": [{"role": "user", "content": "ping"}], "models": ["echo"]})
+    assert health.headers["x-fanout-replica"] == status["replica"] == name
+    assert id_replica(done.json()["id"]) == name

@@ -16,18 +16,30 @@ def test_defaults_and_values() -> None:
     serve = parse_config('[serve]\nkeys_env = "SVC"\nhost = "0.0.0.0"\nport = 0\n'
                          'cors_origins = ["http://localhost:5173", "https://[::1]:8443"]\n'
                          "max_body_bytes = 10\nmax_streams = 2\nmax_fanouts = 3\n"
-                         "retry_after = 4\nkeepalive = 0.5\n").serve
+                         "retry_after = 4\nkeepalive = 0.5\nreplica = 'eu-west_1'\n").serve
     assert serve == ServeConfig(keys_env="SVC", host="0.0.0.0", port=0,
                                 cors_origins=("http://localhost:5173", "https://[::1]:8443"),
                                 max_body_bytes=10, max_streams=2, max_fanouts=3,
-                                retry_after=4, keepalive=0.5)
+                                retry_after=4, keepalive=0.5, replica="eu-west_1")
     assert load_config().serve == ServeConfig()  # config/default.toml: loopback, no keys
 
 
 @pytest.mark.parametrize(("text", "message"), [
     ("[serve]\nkyes_env = 'X'", "f.toml: [serve]: unknown key 'kyes_env' (did you mean "
      "'keys_env'?) (known: keys_env, host, port, cors_origins, max_body_bytes, max_streams, "
-     "max_fanouts, retry_after, keepalive)"),
+     "max_fanouts, retry_after, keepalive, replica)"),
+    ("[serve]\nreplica = 'eu 1'", "f.toml: [serve] replica: must be 1 to 63 letters, digits, _ "
+     "or -, not 'eu 1' (it goes in fan-out ids and URLs)"),
+    ("[serve]\nreplica = 'a.b'", "f.toml: [serve] replica: must be 1 to 63 letters, digits, _ "
+     "or -, not 'a.b'"),
+    ("[serve]\nreplica = ''", "f.toml: [serve] replica: must be 1 to 63 letters, digits, _ "
+     "or -, not ''"),
+    (f"[serve]\nreplica = '{'r' * 64}'", "f.toml: [serve] replica: must be 1 to 63 letters, "
+     "digits, _ or -, not a string of 64 characters"),
+    ("[serve]\nreplica = 7", "f.toml: [serve] replica: must be 1 to 63 letters, digits, _ "
+     "or -, not 7"),
+    ('[serve]\nreplica = "r1\\n"', "f.toml: [serve] replica: must be 1 to 63 letters, digits, "
+     "_ or -, not 'r1\\n'"),
     ("[serve]\nkeys_env = 'sk-live-123'", "f.toml: [serve] keys_env: must be the *name* of an "
      "environment variable (like FANOUT_SERVICE_KEYS), not the keys themselves"),
     ("[serve]\nport = 70000", "f.toml: [serve] port: must be a port number 0..65535, not 70000"),

@@ -36,7 +36,8 @@ async def test_the_merged_stream_holds_every_stream_then_one_summary_then_done(
     assert got.raw.endswith(b"data: [DONE]\n\n")
     opening = got.records[0]
     assert [s["stream"] for s in opening["streams"]] == list(models)
-    assert opening["id"].startswith("fo-") and got.headers["x-fanout-id"] == opening["id"]
+    assert opening["id"].startswith(f"fo.{served.service.replica}.")
+    assert got.headers["x-fanout-id"] == opening["id"]
     for name, data in got.events[1:-1]:
         assert json.loads(data)["type"] == name  # one event: per record type
     for model in models:

@@ -4,6 +4,7 @@ about the record types, limits and errors is what the code does."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -13,8 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from fanout.config import ServeConfig
+from fanout.config import REPLICA_NAME, ServeConfig
 from fanout.records import _TYPES
+from fanout.serve.replica import new_fanout_id
+from fanout.serve.service import PER_REPLICA
+from fanout.upstream import RunningUpstream
+
+from .helpers import serving
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
@@ -75,3 +81,25 @@ def test_the_record_types_limits_and_errors_are_the_real_ones() -> None:
     assert defaults.max_body_bytes == 1024 * 1024 and "| `max_body_bytes` | 1 MiB |" in SECTION
     assert ("models[2]: no model named 'gtp-4o' (did you mean 'gpt-4o'?)" in SECTION)
     assert "cancelled: another stream answered first (mode first)" in SECTION
+
+
+async def test_the_replicas_section_shows_the_real_status_421_and_haproxy_config(
+        upstream: RunningUpstream) -> None:
+    replicas = SECTION[SECTION.index("### Replicas behind a load balancer"):]
+    status_block = block("### Replicas behind a load balancer", "json")
+    error_block = block("answers **421 Misdirected Request**", "json")
+    haproxy_block = block("[`examples/haproxy.cfg`](examples/haproxy.cfg) does it", "")
+    assert haproxy_block in (ROOT / "examples" / "haproxy.cfg").read_text()
+    async with serving(upstream, replica="web1") as served, served.client() as client:
+        status = (await client.get("/v1/status")).json()
+        wrong = await client.post(f"/v1/fanout/{new_fanout_id('web2')}/cancel")
+    assert wrong.status_code == 421 and wrong.headers["x-fanout-owner"] == "web2"
+    assert json.loads(error_block) == wrong.json()
+    for key in ("object", "replica", "per_replica", "note"):
+        assert f'"{key}": {json.dumps(status[key])}' in status_block, key
+    assert status["per_replica"] == list(PER_REPLICA)
+    for key in status:  # every part of the status is in the sample
+        assert f'"{key}": ' in status_block, key
+    assert "| `replica` | host name and port |" in SECTION
+    assert REPLICA_NAME.pattern == r"[A-Za-z0-9_-]{1,63}\Z"  # as the section says
+    assert "1 to 63 letters, digits, `_` or `-`" in replicas
