@@ -53,12 +53,14 @@ from typing import Any, ClassVar, final
 
 from . import _json
 from ._dialect import (
+    CallPart,
     DialectInterpreter,
     Handler,
+    SplitCall,
     _int_or_none,
     _str_value,
 )
-from .chat import _compact, _str_or_none
+from .chat import _compact, _short, _str_or_none
 from .events import (
     ChoiceFinished,
     ChoiceRole,
@@ -93,16 +95,16 @@ _DELTA_KINDS = {"text_delta": "text", "thinking_delta": "thinking",
 
 
 class _Block:
-    __slots__ = ("arguments", "data", "id", "index", "kind", "signature", "stopped", "thinking",
-                 "tool_index", "whole")
+    __slots__ = ("call", "data", "id", "index", "kind", "part", "signature", "stopped",
+                 "thinking", "whole")
 
     def __init__(self, index: int, kind: str, block_id: str | None) -> None:
         self.index = index
         self.kind = kind
         self.id = block_id
         self.stopped = False
-        self.tool_index: int | None = None
-        self.arguments = False  # an input_json_delta fragment arrived
+        self.call: SplitCall | None = None  # a tool_use block's call
+        self.part: CallPart | None = None  # and its share of it
         self.whole = False  # the input came whole in content_block_start
         self.thinking: list[str] = []
         self.signature: str | None = None
@@ -119,18 +121,23 @@ class AnthropicInterpreter(DialectInterpreter):
 
     terminal: ClassVar[str] = "message_stop"
     api: ClassVar[str] = "anthropic"
-    __slots__ = ("_blocks", "_opened", "_role", "_tools", "_usage", "implicit_blocks")
+    __slots__ = ("_blocks", "_by_id", "_calls", "_opened", "_role", "_tools", "_usage",
+                 "continued_blocks", "implicit_blocks")
 
     def __init__(self, *, strict: bool = False, stream: str = "", content_key: str = "",
                  redactor: Redactor | None = None, max_tool_calls: int = 128,
                  max_blocks: int = 1024) -> None:
         self._blocks: dict[int, _Block] = {}
+        self._calls: list[SplitCall] = []  # every tool call, in order
+        self._by_id: dict[str, SplitCall] = {}  # tool calls by their id
         self._opened = 0
         self._tools = 0
         self._role = False
         self._usage: dict[str, Any] = {}
         #: Blocks opened by a text or thinking delta without their ``content_block_start``.
         self.implicit_blocks = 0
+        #: ``tool_use`` blocks that continued an earlier call (repeating its id).
+        self.continued_blocks = 0
         super().__init__(strict=strict, stream=stream, content_key=content_key,
                          redactor=redactor, max_tool_calls=max_tool_calls,
                          max_blocks=max_blocks)
@@ -228,10 +235,8 @@ class AnthropicInterpreter(DialectInterpreter):
                            "in content_block_start", data, out)
                 return
             fragment = delta.get("partial_json")
-            if fragment and type(fragment) is str:
-                block.arguments = True
-                out.append(ToolCallDelta(0, block.tool_index, None, None, None, fragment,
-                                         self._stream, self._content_key))
+            if fragment and type(fragment) is str and block.call and block.part:
+                block.call.add(block.part, fragment, out)
 
     def _implicit(self, index: int, delta: Any) -> _Block | None:
         """The block a text or thinking delta opens when no ``content_block_start`` came
@@ -276,12 +281,16 @@ class AnthropicInterpreter(DialectInterpreter):
         block_id = _str_value(content.get("id"))
         known = self._blocks.get(index)
         if known is not None and known.kind == kind and known.id == block_id \
-                and (not known.stopped or block_id is not None):
-            self.ignored_events += 1  # the same block (the same tool) announced again
+                and not known.stopped:
+            self.ignored_events += 1  # the same block announced again
             return
         if self._opened >= self._max_blocks:
             self._skip(f"block {index} would be more than {self._max_blocks} content blocks",
                        data, out)
+            return
+        call = self._by_id.get(block_id) if kind == "tool_use" and block_id else None
+        if call is not None:
+            self._continue(call, index, content, data, out)
             return
         if kind == "tool_use" and self._tools >= self._max_tool_calls:
             self._skip(f"tool_use block {index} would be more than {self._max_tool_calls} "
@@ -305,18 +314,19 @@ class AnthropicInterpreter(DialectInterpreter):
         elif kind == "redacted_thinking":
             block.data = _str_or_none(content.get("data"))
         elif kind == "tool_use":
-            block.tool_index = self._tools
+            name = _str_or_none(content.get("name"))
+            call = block.call = SplitCall(self._tools, name, stream, key)
             self._tools += 1
-            given = content.get("input")
-            arguments = ""
-            if given and type(given) is dict:
-                arguments = json.dumps(given, ensure_ascii=False)
+            self._calls.append(call)
+            if block_id:
+                self._by_id[block_id] = call
+            block.part = call.open()
+            arguments = _whole_input(content.get("input"))
+            if arguments:
                 block.whole = True
-            elif given and type(given) is str:  # a relay that sends the input as text
-                arguments = given
-                block.whole = True
-            out.append(ToolCallDelta(0, block.tool_index, block_id, "function",
-                                     _str_or_none(content.get("name")), arguments, stream, key))
+                call.arguments.append(arguments)
+            out.append(ToolCallDelta(0, call.tool_index, block_id, "function", name, arguments,
+                                     stream, key))
         else:
             self.ignored_events += 1  # server_tool_use, web_search_tool_result, new types
 
@@ -339,9 +349,49 @@ class AnthropicInterpreter(DialectInterpreter):
                 0, ThinkingBlock(index, "".join(block.thinking), block.signature, redacted,
                                  block.data),
                 self._stream, self._content_key))
-        elif block.kind == "tool_use" and not block.arguments and not block.whole:
-            out.append(ToolCallDelta(0, block.tool_index, None, None, None, "{}",
-                                     self._stream, self._content_key))
+        elif block.call is not None and block.part is not None:
+            self.ignored_events += block.call.stop(block.part, out)
+
+    def _continue(self, call: SplitCall, index: int, content: dict[str, Any], data: str,
+                  out: list[CoreEvent]) -> None:
+        """A ``tool_use`` block repeating the id of an earlier call continues that call
+        (LiteLLM's ``/v1/messages`` splits one call into a block per fragment, each
+        naming the call's id and name): no second call; its fragments go on the
+        first call's arguments; the first name is kept."""
+        if call.closed:
+            self._skip(f"tool_use block {index} continues tool call {call.tool_index} after "
+                       "message_delta ended the content", data, out)
+            return
+        name = _str_or_none(content.get("name"))
+        if name and call.name and name != call.name:
+            self._skip(f"tool_use block {index} repeats the id of tool call {call.tool_index} "
+                       f"under another name ({_short(name)}): the call keeps its first name "
+                       f"({_short(call.name)})", data, out)
+        block = self._blocks[index] = _Block(index, "tool_use", _str_value(content.get("id")))
+        self._opened += 1
+        self.continued_blocks += 1
+        block.call = call
+        block.part = call.open()
+        if name and not call.name:  # the first block had none: this one names the call
+            call.name = name
+            out.append(ToolCallDelta(0, call.tool_index, None, None, name, "", self._stream,
+                                     self._content_key))
+        arguments = _whole_input(content.get("input"))
+        if arguments:
+            block.whole = True
+            call.add(block.part, arguments, out)
+
+    def _close_calls(self, out: list[CoreEvent]) -> None:
+        """The content ended (``message_delta``, else ``message_stop``): every call's held
+        fragments are given, and a call that got none has the input its start gave
+        (``{}``): not before, since a later block may continue it."""
+        for call in self._calls:
+            if call.closed:
+                continue
+            call.closed = True
+            call.flush(out)
+            if not call.arguments:
+                call.give("{}", out)
 
     def _message_start(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
         message = chunk.get("message")
@@ -356,6 +406,8 @@ class AnthropicInterpreter(DialectInterpreter):
         self._merge_usage(message.get("usage"), out)
 
     def _message_delta(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
+        if self._calls:
+            self._close_calls(out)
         delta = chunk.get("delta")
         if type(delta) is dict:
             reason = delta.get("stop_reason")
@@ -372,6 +424,8 @@ class AnthropicInterpreter(DialectInterpreter):
         out.append(UsageReported(anthropic_usage(merged), self._stream, self._content_key))
 
     def _message_stop(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
+        if self._calls:
+            self._close_calls(out)
         self.done = True
         out.append(DoneReceived(self._stream, self._content_key))
 
@@ -387,6 +441,16 @@ class AnthropicInterpreter(DialectInterpreter):
 
 def _nothing(chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
     return None
+
+
+def _whole_input(given: Any) -> str:
+    """A tool's ``input`` given whole in ``content_block_start`` as arguments text
+    (``""`` for the usual empty ``{}``; some relays send the input as text)."""
+    if given and type(given) is dict:
+        return json.dumps(given, ensure_ascii=False)
+    if given and type(given) is str:
+        return given
+    return ""
 
 
 def anthropic_usage(usage: dict[str, Any]) -> Usage:
