@@ -21,8 +21,10 @@ A Messages stream frames its content in blocks and is complete only with
   wrong kind for its block, is skipped (never merged into another block);
   ``citations_delta`` and unknown deltas are counted and ignored;
 - ``content_block_stop``: a thinking block is reported whole with its
-  signature (``ThinkingBlockFinished``); a ``tool_use`` block that got no
-  ``input_json_delta`` has the input its start gave (``{}`` when empty);
+  signature (``ThinkingBlockFinished``); a tool call whose blocks got no
+  ``input_json_delta`` has the input its start gave (``{}`` when empty), given
+  when the content ends (``message_delta``, else ``message_stop``): a later
+  block may still continue the call;
 - ``message_delta``: ``ChoiceFinished`` from ``delta.stop_reason`` mapped by
   ``STOP_REASONS`` (native: the reason; an unknown one, e.g. ``pause_turn``, is
   kept as sent) and ``UsageReported`` (the cumulative output usage merged
@@ -31,11 +33,19 @@ A Messages stream frames its content in blocks and is complete only with
 - ``error`` (``event: error`` or ``"type": "error"``): ``ErrorReported`` whose
   ``type`` and ``code`` are the error's type (``overloaded_error``).
 
-A ``content_block_start`` for an index already started: the very same block
-again (same type and id, still open; or the same tool id, even after its stop)
-is counted in ``ignored_events``, so a repeated start never runs a tool twice;
-a different one replaces it (the first keeps what it had, later deltas go to
-the new one), so two tools' arguments are never merged.  A tool ``input`` given whole in
+A ``tool_use`` block repeating the id of an earlier call (at any index, even
+after that call's blocks stopped) continues that call (LiteLLM's bridge splits
+one call into a block per fragment): no second call, the same tool index, no
+second announcement; arguments concatenate in block order and the call is whole
+when its last block stops (``SplitCall``).  The first name is kept (a block
+naming the call under another name is a skipped frame that says so; a name
+fills a call that had none).  A block that repeats the whole call (its
+fragments equal the call's arguments, already JSON) adds nothing and is
+counted in ``ignored_events``; so does the very same block started again while
+open.  A block continuing a call after ``message_delta`` is skipped.  A
+different block on an index already started replaces it (the first keeps
+what it had, later deltas go to the new one), so two tools' arguments are
+never merged.  A tool ``input`` given whole in
 ``content_block_start`` is used as its arguments; ``input_json_delta`` for such
 a block is then skipped.
 

@@ -27,6 +27,13 @@ The mapping (every stream has one choice, index 0):
   ``function_call_arguments.done`` and ``output_item.done`` carry the
   arguments whole: they are used when no fragment came, and a mismatch with
   the fragments is a skipped frame (the fragments, as streamed, are kept);
+- a ``function_call`` item naming the ``call_id`` of an earlier call under
+  another item id (added, or seen only at its ``output_item.done``) continues
+  that call, as a repeated ``tool_use`` id does on ``/v1/messages``: one call,
+  one tool index, the items' arguments concatenated in item order, the first
+  name kept (another name is a skipped frame that says so); an item repeating
+  the whole call (its arguments equal the call's, already JSON) adds nothing
+  and is counted in ``ignored_events``;
 - ``response.completed``: ``UsageReported`` from ``response.usage``, finish
   ``stop`` (``tool_calls`` when the output has function calls; native
   ``completed``), ``DoneReceived``.  Its ``output`` is read as deltas when no
