@@ -274,7 +274,7 @@ def _split_items(state: _State, name: str | None, body: dict[str, Any]) -> list[
     each with its own id and output index and the call's ``call_id`` and name."""
     kind = body.get("type")
     out: list[tuple[str, dict[str, Any]]] = []
-    position = body.get("output_index")
+    position = body.get("output_index", -1)
     item = body.get("item")
     if kind == "response.output_item.added":
         state.index[position] = next(state.free)
@@ -310,7 +310,7 @@ def _split_items(state: _State, name: str | None, body: dict[str, Any]) -> list[
                 output.append(entry)
         out.append((kind, {**body, "response": {**response, "output": output}}))
     else:
-        if isinstance(position, int):
+        if "output_index" in body:
             body = {**body, "output_index": state.index.get(position, position)}
         out.append((name or str(kind), body))
     frames = []
