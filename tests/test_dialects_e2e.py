@@ -18,6 +18,11 @@ from typing import Any
 
 import httpx
 import pytest
+import trio
+
+from fanout import Endpoint, Outcome, StreamRequest, ToolCallDelta, open_fanout
+from fanout.records import event_record
+from fanout.upstream import RunningUpstream
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = str(ROOT / "config" / "default.toml")
@@ -208,3 +213,49 @@ def test_a_model_api_wins_over_the_endpoint_api(tmp_path: Path) -> None:
     endpoint = config.endpoint({"OPENAI_API_KEY": "sk-test"})
     assert endpoint is not None and endpoint.api == "anthropic"
     assert config.model("b").api == "responses"
+
+
+# ---------------------------------------------------------------- one call, many blocks
+
+@pytest.mark.parametrize("api", ["anthropic", "responses"])
+async def test_a_tool_call_split_over_blocks_is_one_call_through_the_engine(
+        upstream: RunningUpstream, api: str) -> None:
+    """LiteLLM's bridge splits each call into blocks (items) repeating its id, one per
+    fragment (``fault/split-tool-call``): through ``open_fanout``, one call each, its
+    arguments the fragments in order, parsed; the events name two tool indexes."""
+    from tests.net.test_dialects_real import TOOLS, USER, raw
+
+    _, sent = await raw(upstream, "fault/split-tool-call", api, tools=True)
+    parts = [b for _, b in sent if isinstance(b, dict) and (
+        b.get("type") == "content_block_start" or b.get("type") == "response.output_item.added")]
+    ids = [p["content_block"]["id"] if api == "anthropic" else p["item"]["call_id"]
+           for p in parts]
+    assert len(set(ids)) == 2 and len(ids) > 6  # two calls, each in several parts
+    fragments: dict[str, str] = dict.fromkeys(ids, "")
+    current = ""
+    for _, b in sent:
+        if not isinstance(b, dict):
+            continue
+        if b in parts:
+            current = ids[parts.index(b)]
+        elif b.get("type") == "content_block_delta":
+            fragments[current] += b["delta"]["partial_json"]
+        elif b.get("type") == "response.function_call_arguments.delta":
+            fragments[current] += b["delta"]
+    request = StreamRequest("s", "fault/split-tool-call", USER, api=api, tools=TOOLS)
+    deltas: list[dict[str, Any]] = []
+    with trio.fail_after(15):
+        async with open_fanout(Endpoint(upstream.base_url), [request]) as fan:
+            async for event in fan.events:
+                if isinstance(event, ToolCallDelta):
+                    deltas.append(event_record(event))
+    result = fan.results["s"]
+    assert result.outcome is Outcome.COMPLETED
+    assert (result.skipped_frames, result.ignored_events) == (0, 0)
+    calls = result.choices[0].tool_calls
+    assert [(c.index, c.id, c.arguments) for c in calls] == [
+        (n, call_id, fragments[call_id]) for n, call_id in enumerate(fragments)]
+    assert all(c.parse_error is None and c.parsed == json.loads(c.arguments) for c in calls)
+    assert {d["tool_index"] for d in deltas} == {0, 1}
+    assert [d["id"] for d in deltas if d["id"]] == list(fragments)  # each announced once
+    assert result.choices[0].finish_reason == "tool_calls"

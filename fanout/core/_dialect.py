@@ -24,6 +24,7 @@ strict mode.  Every string passes the stream's ``Redactor`` first.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -37,12 +38,12 @@ from .chat import (  # one definition of each, shared with the chat interpreter
     _str_or_none,
     other_dialect,
 )
-from .events import CoreEvent, ErrorReported, FrameSkipped, ResponseInfo
+from .events import CoreEvent, ErrorReported, FrameSkipped, ResponseInfo, ToolCallDelta
 from .redact import Redactor
 from .result import StreamError
 from .sse import ServerSentEvent
 
-__all__ = ["MAX_BLOCKS", "DialectInterpreter"]
+__all__ = ["MAX_BLOCKS", "CallPart", "DialectInterpreter", "SplitCall"]
 
 #: Distinct content blocks (Anthropic) or output items (Responses) one stream may open.
 MAX_BLOCKS = 1024
@@ -245,9 +246,119 @@ class DialectInterpreter:
             return None
         return value
 
+class CallPart:
+    """One content block's (Anthropic) or output item's (Responses) share of a tool call."""
+
+    __slots__ = ("check", "held", "settled", "stopped")
+
+    def __init__(self) -> None:
+        self.held: list[str] = []  # fragments not yet given (see ``SplitCall``)
+        self.stopped = False
+        self.settled = False  # given in full: a late fragment is given at once
+        self.check = False  # held while it may be a repeat of the whole call
 
 
+class SplitCall:
+    """One tool call, which may come in several parts: a relay bridging another API
+    (LiteLLM's ``/v1/messages``) may split one call into several ``tool_use`` blocks
+    naming the same id, or several ``function_call`` items naming the same
+    ``call_id``, each with a fragment of the arguments.  Every part continues the
+    call (one ``ToolCallDelta`` stream under one tool index): arguments concatenate
+    in the order the parts were opened, and the call is whole when its last part
+    stops.
 
+    A part's fragments are given at once while it is the call's earliest open part;
+    a later part's fragments are held until every part before it stopped (so two
+    parts open at once never interleave).  A part that opens after the call's
+    arguments already form a JSON value is held while its fragments are a prefix
+    of those arguments: when it stops repeating them exactly it is a repeat of
+    the whole call (``stop`` counts it; nothing is given), otherwise it continues
+    the call like any other part.
+    """
+
+    __slots__ = ("_key", "_parts", "_stream", "arguments", "closed", "name", "tool_index")
+
+    def __init__(self, tool_index: int, name: Any, stream: str, content_key: str) -> None:
+        self.tool_index = tool_index
+        #: The first name the call was given (a later part's other name is not used).
+        self.name = name
+        #: The fragments given so far, in order.
+        self.arguments: list[str] = []
+        #: The content ended (Anthropic ``message_delta``): later parts are refused.
+        self.closed = False
+        self._parts: list[CallPart] = []  # the parts not yet settled, in order; [0] is live
+        self._stream = stream
+        self._key = content_key
+
+    def open(self) -> CallPart:
+        """A new part of this call (the first, or a continuation)."""
+        part = CallPart()
+        self._parts.append(part)
+        if len(self._parts) == 1:
+            self._promote(part)
+        return part
+
+    def add(self, part: CallPart, fragment: str, out: list[CoreEvent]) -> None:
+        """A fragment of ``part``'s arguments."""
+        parts = self._parts
+        if part.settled or (part is parts[0] and not part.check):
+            self.give(fragment, out)
+            return
+        part.held.append(fragment)
+        if part is parts[0] and not "".join(self.arguments).startswith(
+                "".join(part.held)):
+            part.check = False  # not a repeat: a continuation
+            self._release(part, out)
+
+    def stop(self, part: CallPart, out: list[CoreEvent]) -> int:
+        """``part`` stopped; returns how many parts were dropped as repeats."""
+        part.stopped = True
+        repeats = 0
+        parts = self._parts
+        while parts and parts[0].stopped:
+            head = parts.pop(0)
+            head.settled = True
+            if head.check and "".join(head.held) == "".join(self.arguments):
+                repeats += 1  # the whole call again: nothing new
+            else:
+                self._release(head, out)
+            if parts:
+                self._promote(parts[0])
+                if not parts[0].check:
+                    self._release(parts[0], out)
+        return repeats
+
+    def flush(self, out: list[CoreEvent]) -> None:
+        """The content ended: every held fragment is given, in order."""
+        for part in self._parts:
+            part.settled = True
+            self._release(part, out)
+        self._parts.clear()
+
+    def _promote(self, part: CallPart) -> None:
+        part.check = bool(self.arguments) and _is_json("".join(self.arguments))
+        if part.check and not "".join(self.arguments).startswith("".join(part.held)):
+            part.check = False
+
+    def _release(self, part: CallPart, out: list[CoreEvent]) -> None:
+        if part.held:
+            text = "".join(part.held)
+            part.held.clear()
+            self.give(text, out)
+
+    def give(self, fragment: str, out: list[CoreEvent]) -> None:
+        """Give ``fragment`` now, after every fragment given before."""
+        self.arguments.append(fragment)
+        out.append(ToolCallDelta(0, self.tool_index, None, None, None, fragment, self._stream,
+                                 self._key))
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 def _str_value(value: Any) -> str | None:

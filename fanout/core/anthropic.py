@@ -21,8 +21,10 @@ A Messages stream frames its content in blocks and is complete only with
   wrong kind for its block, is skipped (never merged into another block);
   ``citations_delta`` and unknown deltas are counted and ignored;
 - ``content_block_stop``: a thinking block is reported whole with its
-  signature (``ThinkingBlockFinished``); a ``tool_use`` block that got no
-  ``input_json_delta`` has the input its start gave (``{}`` when empty);
+  signature (``ThinkingBlockFinished``); a tool call whose blocks got no
+  ``input_json_delta`` has the input its start gave (``{}`` when empty), given
+  when the content ends (``message_delta``, else ``message_stop``): a later
+  block may still continue the call;
 - ``message_delta``: ``ChoiceFinished`` from ``delta.stop_reason`` mapped by
   ``STOP_REASONS`` (native: the reason; an unknown one, e.g. ``pause_turn``, is
   kept as sent) and ``UsageReported`` (the cumulative output usage merged
@@ -31,11 +33,19 @@ A Messages stream frames its content in blocks and is complete only with
 - ``error`` (``event: error`` or ``"type": "error"``): ``ErrorReported`` whose
   ``type`` and ``code`` are the error's type (``overloaded_error``).
 
-A ``content_block_start`` for an index already started: the very same block
-again (same type and id, still open; or the same tool id, even after its stop)
-is counted in ``ignored_events``, so a repeated start never runs a tool twice;
-a different one replaces it (the first keeps what it had, later deltas go to
-the new one), so two tools' arguments are never merged.  A tool ``input`` given whole in
+A ``tool_use`` block repeating the id of an earlier call (at any index, even
+after that call's blocks stopped) continues that call (LiteLLM's bridge splits
+one call into a block per fragment): no second call, the same tool index, no
+second announcement; arguments concatenate in block order and the call is whole
+when its last block stops (``SplitCall``).  The first name is kept (a block
+naming the call under another name is a skipped frame that says so; a name
+fills a call that had none).  A block that repeats the whole call (its
+fragments equal the call's arguments, already JSON) adds nothing and is
+counted in ``ignored_events``; so does the very same block started again while
+open.  A block continuing a call after ``message_delta`` is skipped.  A
+different block on an index already started replaces it (the first keeps
+what it had, later deltas go to the new one), so two tools' arguments are
+never merged.  A tool ``input`` given whole in
 ``content_block_start`` is used as its arguments; ``input_json_delta`` for such
 a block is then skipped.
 
@@ -53,12 +63,14 @@ from typing import Any, ClassVar, final
 
 from . import _json
 from ._dialect import (
+    CallPart,
     DialectInterpreter,
     Handler,
+    SplitCall,
     _int_or_none,
     _str_value,
 )
-from .chat import _compact, _str_or_none
+from .chat import _compact, _short, _str_or_none
 from .events import (
     ChoiceFinished,
     ChoiceRole,
@@ -93,16 +105,16 @@ _DELTA_KINDS = {"text_delta": "text", "thinking_delta": "thinking",
 
 
 class _Block:
-    __slots__ = ("arguments", "data", "id", "index", "kind", "signature", "stopped", "thinking",
-                 "tool_index", "whole")
+    __slots__ = ("call", "data", "id", "index", "kind", "part", "signature", "stopped",
+                 "thinking", "whole")
 
     def __init__(self, index: int, kind: str, block_id: str | None) -> None:
         self.index = index
         self.kind = kind
         self.id = block_id
         self.stopped = False
-        self.tool_index: int | None = None
-        self.arguments = False  # an input_json_delta fragment arrived
+        self.call: SplitCall | None = None  # a tool_use block's call
+        self.part: CallPart | None = None  # and its share of it
         self.whole = False  # the input came whole in content_block_start
         self.thinking: list[str] = []
         self.signature: str | None = None
@@ -119,18 +131,23 @@ class AnthropicInterpreter(DialectInterpreter):
 
     terminal: ClassVar[str] = "message_stop"
     api: ClassVar[str] = "anthropic"
-    __slots__ = ("_blocks", "_opened", "_role", "_tools", "_usage", "implicit_blocks")
+    __slots__ = ("_blocks", "_by_id", "_calls", "_opened", "_role", "_tools", "_usage",
+                 "continued_blocks", "implicit_blocks")
 
     def __init__(self, *, strict: bool = False, stream: str = "", content_key: str = "",
                  redactor: Redactor | None = None, max_tool_calls: int = 128,
                  max_blocks: int = 1024) -> None:
         self._blocks: dict[int, _Block] = {}
+        self._calls: list[SplitCall] = []  # every tool call, in order
+        self._by_id: dict[str, SplitCall] = {}  # tool calls by their id
         self._opened = 0
         self._tools = 0
         self._role = False
         self._usage: dict[str, Any] = {}
         #: Blocks opened by a text or thinking delta without their ``content_block_start``.
         self.implicit_blocks = 0
+        #: ``tool_use`` blocks that continued an earlier call (repeating its id).
+        self.continued_blocks = 0
         super().__init__(strict=strict, stream=stream, content_key=content_key,
                          redactor=redactor, max_tool_calls=max_tool_calls,
                          max_blocks=max_blocks)
@@ -228,10 +245,8 @@ class AnthropicInterpreter(DialectInterpreter):
                            "in content_block_start", data, out)
                 return
             fragment = delta.get("partial_json")
-            if fragment and type(fragment) is str:
-                block.arguments = True
-                out.append(ToolCallDelta(0, block.tool_index, None, None, None, fragment,
-                                         self._stream, self._content_key))
+            if fragment and type(fragment) is str and block.call and block.part:
+                block.call.add(block.part, fragment, out)
 
     def _implicit(self, index: int, delta: Any) -> _Block | None:
         """The block a text or thinking delta opens when no ``content_block_start`` came
@@ -276,12 +291,16 @@ class AnthropicInterpreter(DialectInterpreter):
         block_id = _str_value(content.get("id"))
         known = self._blocks.get(index)
         if known is not None and known.kind == kind and known.id == block_id \
-                and (not known.stopped or block_id is not None):
-            self.ignored_events += 1  # the same block (the same tool) announced again
+                and not known.stopped:
+            self.ignored_events += 1  # the same block announced again
             return
         if self._opened >= self._max_blocks:
             self._skip(f"block {index} would be more than {self._max_blocks} content blocks",
                        data, out)
+            return
+        call = self._by_id.get(block_id) if kind == "tool_use" and block_id else None
+        if call is not None:
+            self._continue(call, index, content, data, out)
             return
         if kind == "tool_use" and self._tools >= self._max_tool_calls:
             self._skip(f"tool_use block {index} would be more than {self._max_tool_calls} "
@@ -305,18 +324,19 @@ class AnthropicInterpreter(DialectInterpreter):
         elif kind == "redacted_thinking":
             block.data = _str_or_none(content.get("data"))
         elif kind == "tool_use":
-            block.tool_index = self._tools
+            name = _str_or_none(content.get("name"))
+            call = block.call = SplitCall(self._tools, name, stream, key)
             self._tools += 1
-            given = content.get("input")
-            arguments = ""
-            if given and type(given) is dict:
-                arguments = json.dumps(given, ensure_ascii=False)
+            self._calls.append(call)
+            if block_id:
+                self._by_id[block_id] = call
+            block.part = call.open()
+            arguments = _whole_input(content.get("input"))
+            if arguments:
                 block.whole = True
-            elif given and type(given) is str:  # a relay that sends the input as text
-                arguments = given
-                block.whole = True
-            out.append(ToolCallDelta(0, block.tool_index, block_id, "function",
-                                     _str_or_none(content.get("name")), arguments, stream, key))
+                call.arguments.append(arguments)
+            out.append(ToolCallDelta(0, call.tool_index, block_id, "function", name, arguments,
+                                     stream, key))
         else:
             self.ignored_events += 1  # server_tool_use, web_search_tool_result, new types
 
@@ -339,9 +359,49 @@ class AnthropicInterpreter(DialectInterpreter):
                 0, ThinkingBlock(index, "".join(block.thinking), block.signature, redacted,
                                  block.data),
                 self._stream, self._content_key))
-        elif block.kind == "tool_use" and not block.arguments and not block.whole:
-            out.append(ToolCallDelta(0, block.tool_index, None, None, None, "{}",
-                                     self._stream, self._content_key))
+        elif block.call is not None and block.part is not None:
+            self.ignored_events += block.call.stop(block.part, out)
+
+    def _continue(self, call: SplitCall, index: int, content: dict[str, Any], data: str,
+                  out: list[CoreEvent]) -> None:
+        """A ``tool_use`` block repeating the id of an earlier call continues that call
+        (LiteLLM's ``/v1/messages`` splits one call into a block per fragment, each
+        naming the call's id and name): no second call; its fragments go on the
+        first call's arguments; the first name is kept."""
+        if call.closed:
+            self._skip(f"tool_use block {index} continues tool call {call.tool_index} after "
+                       "message_delta ended the content", data, out)
+            return
+        name = _str_or_none(content.get("name"))
+        if name and call.name and name != call.name:
+            self._skip(f"tool_use block {index} repeats the id of tool call {call.tool_index} "
+                       f"under another name ({_short(name)}): the call keeps its first name "
+                       f"({_short(call.name)})", data, out)
+        block = self._blocks[index] = _Block(index, "tool_use", _str_value(content.get("id")))
+        self._opened += 1
+        self.continued_blocks += 1
+        block.call = call
+        block.part = call.open()
+        if name and not call.name:  # the first block had none: this one names the call
+            call.name = name
+            out.append(ToolCallDelta(0, call.tool_index, None, None, name, "", self._stream,
+                                     self._content_key))
+        arguments = _whole_input(content.get("input"))
+        if arguments:
+            block.whole = True
+            call.add(block.part, arguments, out)
+
+    def _close_calls(self, out: list[CoreEvent]) -> None:
+        """The content ended (``message_delta``, else ``message_stop``): every call's held
+        fragments are given, and a call that got none has the input its start gave
+        (``{}``): not before, since a later block may continue it."""
+        for call in self._calls:
+            if call.closed:
+                continue
+            call.closed = True
+            call.flush(out)
+            if not call.arguments:
+                call.give("{}", out)
 
     def _message_start(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
         message = chunk.get("message")
@@ -356,6 +416,8 @@ class AnthropicInterpreter(DialectInterpreter):
         self._merge_usage(message.get("usage"), out)
 
     def _message_delta(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
+        if self._calls:
+            self._close_calls(out)
         delta = chunk.get("delta")
         if type(delta) is dict:
             reason = delta.get("stop_reason")
@@ -372,6 +434,8 @@ class AnthropicInterpreter(DialectInterpreter):
         out.append(UsageReported(anthropic_usage(merged), self._stream, self._content_key))
 
     def _message_stop(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
+        if self._calls:
+            self._close_calls(out)
         self.done = True
         out.append(DoneReceived(self._stream, self._content_key))
 
@@ -387,6 +451,16 @@ class AnthropicInterpreter(DialectInterpreter):
 
 def _nothing(chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
     return None
+
+
+def _whole_input(given: Any) -> str:
+    """A tool's ``input`` given whole in ``content_block_start`` as arguments text
+    (``""`` for the usual empty ``{}``; some relays send the input as text)."""
+    if given and type(given) is dict:
+        return json.dumps(given, ensure_ascii=False)
+    if given and type(given) is str:
+        return given
+    return ""
 
 
 def anthropic_usage(usage: dict[str, Any]) -> Usage:

@@ -27,6 +27,13 @@ The mapping (every stream has one choice, index 0):
   ``function_call_arguments.done`` and ``output_item.done`` carry the
   arguments whole: they are used when no fragment came, and a mismatch with
   the fragments is a skipped frame (the fragments, as streamed, are kept);
+- a ``function_call`` item naming the ``call_id`` of an earlier call under
+  another item id (added, or seen only at its ``output_item.done``) continues
+  that call, as a repeated ``tool_use`` id does on ``/v1/messages``: one call,
+  one tool index, the items' arguments concatenated in item order, the first
+  name kept (another name is a skipped frame that says so); an item repeating
+  the whole call (its arguments equal the call's, already JSON) adds nothing
+  and is counted in ``ignored_events``;
 - ``response.completed``: ``UsageReported`` from ``response.usage``, finish
   ``stop`` (``tool_calls`` when the output has function calls; native
   ``completed``), ``DoneReceived``.  Its ``output`` is read as deltas when no
@@ -52,8 +59,10 @@ import json
 from typing import Any, ClassVar, final
 
 from ._dialect import (
+    CallPart,
     DialectInterpreter,
     Handler,
+    SplitCall,
     _int_or_none,
     _str_value,
 )
@@ -90,15 +99,15 @@ _SILENT = (
 
 
 class _Item:
-    __slots__ = ("arguments", "done", "final", "id", "kind", "name", "tool_index")
+    __slots__ = ("arguments", "call", "done", "final", "id", "kind", "part")
 
     def __init__(self, kind: str, item_id: str | None) -> None:
         self.kind = kind
         self.id = item_id
         self.done = False
-        self.tool_index: int | None = None
-        self.name: Any = None
-        self.arguments: list[str] = []
+        self.call: SplitCall | None = None  # a function_call item's call
+        self.part: CallPart | None = None  # and its share of it
+        self.arguments: list[str] = []  # this item's own fragments
         self.final = False  # the whole arguments were checked (a .done event)
 
 
@@ -113,15 +122,17 @@ class ResponsesInterpreter(DialectInterpreter):
     terminal: ClassVar[str] = "response.completed or response.incomplete"
     api: ClassVar[str] = "responses"
     __slots__ = ("_by_call", "_by_id", "_by_output", "_calls", "_content", "_items", "_role",
-                 "_tools")
+                 "_tools", "continued_items")
 
     def __init__(self, *, strict: bool = False, stream: str = "", content_key: str = "",
                  redactor: Redactor | None = None, max_tool_calls: int = 128,
                  max_blocks: int = 1024) -> None:
         self._by_id: dict[str, _Item] = {}
         self._by_output: dict[int, _Item] = {}
-        self._by_call: dict[str, _Item] = {}  # function_call items by their call_id
-        self._calls: list[_Item] = []  # every function_call item, in order
+        self._by_call: dict[str, _Item] = {}  # the last function_call item of each call_id
+        self._calls: list[SplitCall] = []  # every tool call, in order
+        #: ``function_call`` items that continued an earlier call (repeating its ``call_id``).
+        self.continued_items = 0
         self._items = 0
         self._tools = 0
         self._role = False
@@ -248,7 +259,10 @@ class ResponsesInterpreter(DialectInterpreter):
             self._skip(f"item {_short(item_id or output_index)} would be more than "
                        f"{self._max_blocks} output items", data, out)
             return None
-        if kind == "function_call" and self._tools >= self._max_tool_calls:
+        call_id = _str_value(item.get("call_id")) if kind == "function_call" else None
+        prior = self._by_call.get(call_id) if call_id else None
+        call = prior.call if prior is not None else None
+        if call is None and kind == "function_call" and self._tools >= self._max_tool_calls:
             self._skip(f"function call {_short(item_id or output_index)} would be more than "
                        f"{self._max_tool_calls} tool calls", data, out)
             return None
@@ -265,21 +279,45 @@ class ResponsesInterpreter(DialectInterpreter):
                                   self._stream, self._content_key))
         if kind == "function_call":
             self._content = True
-            call_id = _str_value(item.get("call_id"))
             if call_id:
-                self._by_call.setdefault(call_id, state)
-            state.name = item.get("name")
-            self._calls.append(state)
-            state.tool_index = self._tools
-            self._tools += 1
+                self._by_call[call_id] = state
             arguments = _arguments_text(item.get("arguments"))
+            if call is not None:
+                self._continue(state, call, item, arguments, data, out)
+                return state
+            name = _str_or_none(item.get("name"))
+            call = state.call = SplitCall(self._tools, name, self._stream, self._content_key)
+            self._tools += 1
+            self._calls.append(call)
+            state.part = call.open()
             if arguments:
                 state.arguments.append(arguments)
-            out.append(ToolCallDelta(0, state.tool_index,
-                                     _str_value(item.get("call_id")) or item_id, "function",
-                                     _str_or_none(item.get("name")), arguments,
-                                     self._stream, self._content_key))
+                call.arguments.append(arguments)
+            out.append(ToolCallDelta(0, call.tool_index, call_id or item_id, "function", name,
+                                     arguments, self._stream, self._content_key))
         return state
+
+    def _continue(self, state: _Item, call: SplitCall, item: dict[str, Any], arguments: str,
+                  data: str, out: list[CoreEvent]) -> None:
+        """A ``function_call`` item naming the ``call_id`` of an earlier call (under another
+        item id) continues that call, as a repeated ``tool_use`` id does on
+        ``/v1/messages``: no second call, its fragments go on the first call's
+        arguments, the first name is kept."""
+        name = _str_or_none(item.get("name"))
+        if name and call.name and name != call.name:
+            self._skip(f"function_call item {_short(state.id)} repeats the call_id of tool "
+                       f"call {call.tool_index} under another name ({_short(name)}): the call "
+                       f"keeps its first name ({_short(call.name)})", data, out)
+        self.continued_items += 1
+        state.call = call
+        state.part = call.open()
+        if name and not call.name:  # the first item had none: this one names the call
+            call.name = name
+            out.append(ToolCallDelta(0, call.tool_index, None, None, name, "", self._stream,
+                                     self._content_key))
+        if arguments:
+            state.arguments.append(arguments)
+            call.add(state.part, arguments, out)
 
     def _item_done(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
         item = chunk.get("item")
@@ -297,11 +335,19 @@ class ResponsesInterpreter(DialectInterpreter):
             if state is None:
                 return
         elif state.done:
-            self.ignored_events += 1
-            return
+            if not (item_id and item_id != state.id and state.kind == "function_call"
+                    and _str_value(item.get("call_id")) in self._by_call):
+                self.ignored_events += 1
+                return
+            # a call's next item, seen only at its end (another id, the same call_id)
+            state = self._open(chunk, item, data, out)
+            if state is None:
+                return
         if state.kind == "function_call" and not state.final:
             self._whole_arguments(state, item.get("arguments"), "output_item.done", data, out)
         state.done = True
+        if state.call is not None and state.part is not None:
+            self.ignored_events += state.call.stop(state.part, out)
 
     def _arguments(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
         fragment = chunk.get("delta")
@@ -311,10 +357,10 @@ class ResponsesInterpreter(DialectInterpreter):
             state = self._call(chunk, "function_call_arguments.delta", data, out)
             if state is None:
                 return
-        if fragment and type(fragment) is str:
+        if fragment and type(fragment) is str and state.call is not None \
+                and state.part is not None:
             state.arguments.append(fragment)
-            out.append(ToolCallDelta(0, state.tool_index, None, None, None, fragment,
-                                     self._stream, self._content_key))
+            state.call.add(state.part, fragment, out)
 
     def _arguments_done(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
         state = self._call(chunk, "function_call_arguments.done", data, out)
@@ -343,10 +389,9 @@ class ResponsesInterpreter(DialectInterpreter):
         state.final = True
         streamed = "".join(state.arguments)
         if not streamed:
-            if whole:
+            if whole and state.call is not None and state.part is not None:
                 state.arguments.append(whole)
-                out.append(ToolCallDelta(0, state.tool_index, None, None, None, whole,
-                                         self._stream, self._content_key))
+                state.call.add(state.part, whole, out)
         elif whole and whole != streamed:
             self._skip(f"{what} for item {_short(state.id)} differs from its deltas "
                        "(the deltas are kept)", data, out)
@@ -384,6 +429,8 @@ class ResponsesInterpreter(DialectInterpreter):
         if type(response) is not dict:
             response = {}
         self._info(response.get("id"), response.get("model"), out)
+        for call in self._calls:  # the content ended: held fragments go out
+            call.flush(out)
         output = response.get("output")
         if output and type(output) is list:
             if not self._content:
@@ -445,7 +492,7 @@ class ResponsesInterpreter(DialectInterpreter):
             return False
         # vLLM #47916: the output may give a streamed call a new id and call_id; the same
         # name and arguments are the same call (running it twice is worse than missing it).
-        name, arguments = item.get("name"), _arguments_text(item.get("arguments"))
+        name, arguments = _str_or_none(item.get("name")), _arguments_text(item.get("arguments"))
         return not any(call.name == name and "".join(call.arguments) == arguments
                        for call in self._calls)
 

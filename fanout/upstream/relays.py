@@ -25,7 +25,14 @@ shapes.
   ``message_delta`` and ``message_stop`` belong;
 - ``fault/end-turn-tools`` (Anthropic): LiteLLM #34692 (``ollama_chat``) — tool
   calls closed by ``stop_reason: "end_turn"``, an empty text block before them,
-  ``message_delta`` without ``usage``.
+  ``message_delta`` without ``usage``;
+- ``fault/split-tool-call`` (both): LiteLLM's ``/v1/messages`` bridge — each tool
+  call split into several ``tool_use`` blocks repeating its id and name: the
+  first with no input, then one block per arguments fragment (``mock/tools``'s
+  two calls); on ``/v1/responses`` the same as ``function_call``
+  items (their own item ids and output indexes, one ``call_id``), one per
+  fragment, each closed with its fragment as its arguments and listed so in
+  ``response.completed``.
 """
 
 from __future__ import annotations
@@ -53,6 +60,12 @@ class _State:
     counter: Iterator[int] = attrs.Factory(lambda: itertools.count(1))
     started: set[int] = attrs.Factory(set)
     kinds: dict[int, str] = attrs.Factory(dict)
+    # fault/split-tool-call: the index (output index) each original block (item) now has,
+    # the next free one, and each tool call's parts so far (id, arguments)
+    index: dict[int, int] = attrs.Factory(dict)
+    free: Iterator[int] = attrs.Factory(itertools.count)
+    tools: dict[int, dict[str, Any]] = attrs.Factory(dict)
+    parts: dict[int, list[list[str]]] = attrs.Factory(dict)
 
 
 def sse_events(data: bytes) -> list[tuple[str | None, Any]]:
@@ -233,6 +246,100 @@ def _end_turn_tools(state: _State, name: str | None, body: dict[str, Any]) -> li
     return [_frame(name, body)]
 
 
+def _split_blocks(state: _State, name: str | None, body: dict[str, Any]) -> list[bytes]:
+    """LiteLLM's ``/v1/messages``: a ``tool_use`` block per arguments fragment, each
+    repeating the call's id and name (the first block has none); indexes renumbered."""
+    kind = body.get("type")
+    if kind not in ("content_block_start", "content_block_delta", "content_block_stop"):
+        return [_frame(name, body)]
+    original = body["index"]
+    if kind == "content_block_start":
+        state.index[original] = next(state.free)
+        block = body.get("content_block")
+        if isinstance(block, dict) and block.get("type") == "tool_use":
+            state.tools[original] = {**block, "input": {}}
+        return [_frame(name, {**body, "index": state.index[original]})]
+    if kind == "content_block_delta" and original in state.tools:
+        before, after = state.index[original], next(state.free)
+        state.index[original] = after
+        return [_frame("content_block_stop", {"type": "content_block_stop", "index": before}),
+                _frame("content_block_start", {"type": "content_block_start", "index": after,
+                                               "content_block": state.tools[original]}),
+                _frame(name, {**body, "index": after})]
+    return [_frame(name, {**body, "index": state.index[original]})]
+
+
+def _split_items(state: _State, name: str | None, body: dict[str, Any]) -> list[bytes]:
+    """The same on ``/v1/responses``: a ``function_call`` item per arguments fragment,
+    each with its own id and output index and the call's ``call_id`` and name."""
+    kind = body.get("type")
+    out: list[tuple[str, dict[str, Any]]] = []
+    position = body.get("output_index", -1)
+    item = body.get("item")
+    if kind == "response.output_item.added":
+        state.index[position] = next(state.free)
+        if isinstance(item, dict) and item.get("type") == "function_call":
+            state.tools[position] = dict(item)
+            state.parts[position] = [[item["id"], ""]]
+        out.append((kind, {**body, "output_index": state.index[position]}))
+    elif kind == "response.function_call_arguments.delta" and position in state.tools:
+        parts = state.parts[position]
+        if parts[-1][1]:  # this item has its fragment: the next one opens the next item
+            out.extend(_close_part(state, position))
+            state.index[position] = next(state.free)
+            parts.append([f"{state.tools[position]['id']}_{len(parts)}", ""])
+            out.append(("response.output_item.added", {
+                "type": "response.output_item.added", "sequence_number": 0,
+                "output_index": state.index[position],
+                "item": {**state.tools[position], "id": parts[-1][0]}}))
+        parts[-1][1] += body["delta"]
+        out.append((kind, {**body, "item_id": parts[-1][0],
+                           "output_index": state.index[position]}))
+    elif kind in ("response.function_call_arguments.done", "response.output_item.done") \
+            and position in state.tools:
+        if kind == "response.output_item.done":
+            out.extend(_close_part(state, position))
+    elif kind == "response.completed" and isinstance(body.get("response"), dict):
+        response = body["response"]
+        output: list[Any] = []
+        for number, entry in enumerate(response.get("output") or []):
+            if number in state.parts:
+                output.extend({**state.tools[number], "id": ident, "arguments": text,
+                               "status": "completed"} for ident, text in state.parts[number])
+            else:
+                output.append(entry)
+        out.append((kind, {**body, "response": {**response, "output": output}}))
+    else:
+        if "output_index" in body:
+            body = {**body, "output_index": state.index.get(position, position)}
+        out.append((name or str(kind), body))
+    frames = []
+    for event, frame in out:  # one sequence, as a relay numbers what it sends
+        if "sequence_number" in frame:
+            frame = {**frame, "sequence_number": next(state.counter)}
+        frames.append(_frame(event, frame))
+    return frames
+
+
+def _close_part(state: _State, position: int) -> list[tuple[str, dict[str, Any]]]:
+    """The open part (item) of call ``position`` closed, its own fragment its arguments."""
+    ident, text = state.parts[position][-1]
+    where = {"item_id": ident, "output_index": state.index[position]}
+    item = {**state.tools[position], "id": ident, "arguments": text, "status": "completed"}
+    return [("response.function_call_arguments.done",
+             {"type": "response.function_call_arguments.done", "sequence_number": 0, **where,
+              "arguments": text}),
+            ("response.output_item.done",
+             {"type": "response.output_item.done", "sequence_number": 0,
+              "output_index": state.index[position], "item": item})]
+
+
+def _split_tool_call(state: _State, name: str | None, body: dict[str, Any]) -> list[bytes]:
+    if str(body.get("type", "")).startswith("response."):
+        return _split_items(state, name, body)
+    return _split_blocks(state, name, body)
+
+
 RELAY_MODELS: dict[str, ModelSpec] = {spec.id: spec for spec in [
     ModelSpec("fault/litellm-bare", "LiteLLM's /responses: only the deltas and "
               "response.completed, bare data: lines, then [DONE]",
@@ -256,4 +363,8 @@ RELAY_MODELS: dict[str, ModelSpec] = {spec.id: spec for spec in [
     ModelSpec("fault/end-turn-tools", "LiteLLM + Ollama: an empty text block, tool calls, "
               "stop_reason end_turn, message_delta without usage",
               _rewritten("tools", _end_turn_tools), ("anthropic",)),
+    ModelSpec("fault/split-tool-call", "LiteLLM's /v1/messages bridge: each tool call split "
+              "into tool_use blocks (function_call items) repeating its id, one per "
+              "arguments fragment (two tool calls)",
+              _rewritten("tools", _split_tool_call), ("responses", "anthropic")),
 ]}
