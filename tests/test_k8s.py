@@ -278,10 +278,19 @@ def test_the_api_server_rules_bite(broken: str) -> None:
     assert any(expected in problem for problem in problems), problems
 
 
+def _pod_specs() -> list[Doc]:
+    specs = []
+    for _, doc in _all_documents():
+        if doc["kind"] == "Job":
+            specs.append(doc["spec"]["template"]["spec"])
+        elif doc["kind"] == "Pod":
+            specs.append(doc["spec"])
+    return specs
+
+
 def test_the_objects_named_are_the_ones_defined() -> None:
     readme = (K8S / "README.md").read_text(encoding="utf-8")
-    for job in _jobs():
-        pod = job["spec"]["template"]["spec"]
+    for pod in _pod_specs():
         for volume in pod["volumes"]:
             if "configMap" in volume:
                 _find("ConfigMap", volume["configMap"]["name"])
@@ -402,7 +411,8 @@ def test_the_image_installs_the_command_the_jobs_run() -> None:
     user = next(words[1] for words in instructions if words[0] == "USER")
     for job in _jobs():
         assert _container(job)["command"][0] in scripts
-        context = job["spec"]["template"]["spec"]["securityContext"]
+    for pod in _pod_specs():
+        context = pod["securityContext"]
         assert user == f"{context['runAsUser']}:{context['runAsGroup']}"
 
 
@@ -602,10 +612,11 @@ def test_every_answer_is_scored_once_beside_its_shard(run: Run) -> None:
 
 
 def test_a_retried_pod_resumes_its_own_file(run: Run) -> None:
-    before = {index: path.read_bytes() for index, path in run.outputs.items()}
-    index = len(before) - 1
-    assert run.finish(run.cluster.run(run.job, index)) == 0
-    after = {index: path.read_bytes() for index, path in run.outputs.items()}
+    shared = run.cluster.root / "pvc"
+    before = {path: path.read_bytes() for path in shared.rglob("*") if path.is_file()}
+    assert len(before) == 2 * len(run.outputs)  # each shard's results and scores
+    assert run.finish(run.cluster.run(run.job, len(run.outputs) - 1)) == 0
+    after = {path: path.read_bytes() for path in shared.rglob("*") if path.is_file()}
     assert after == before  # nothing sent again, nothing written, no other shard touched
 
 
