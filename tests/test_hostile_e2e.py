@@ -216,12 +216,12 @@ async def test_a_pooled_connection_the_server_closed_is_sent_again_on_a_fresh_on
     requests = [StreamRequest(f"s{i}", model, [{"role": "user", "content": f"Question {i}"}])
                 for i in range(24)]
     events: list[Any] = []
-    async with httpx.AsyncClient() as own:
-        async with open_fanout(endpoint(upstream), requests, max_concurrency=4,
-                               retry=RetryPolicy(attempts=1),
-                               client=own if own_client else None) as fan:
-            async for event in fan.events:
-                events.append(event)
+    async with (httpx.AsyncClient() as own,
+                open_fanout(endpoint(upstream), requests, max_concurrency=4,
+                            retry=RetryPolicy(attempts=1),
+                            client=own if own_client else None) as fan):
+        async for event in fan.events:
+            events.append(event)
     results = fan.results
     assert {r.outcome for r in results.values()} == {Outcome.COMPLETED}, [
         r.reason for r in results.values()]

@@ -340,6 +340,10 @@ class StreamRunner:
         await self._emit_or_keep(StreamRetrying(number, 0.0, end.error, self.key,
                                                 self.content_key))
 
+    def _on_pooled(self) -> bool:
+        """Whether this attempt went out on a pooled connection (set by ``_trace``)."""
+        return self._connection == "pooled"
+
     def _retryable(self, end: _AttemptEnd, parser: StreamParser) -> bool:
         """May this attempt be tried again?  Never after content; never a failure the
         same request meets again; never a content-less 2xx while other streams ran."""
@@ -473,8 +477,7 @@ class StreamRunner:
             except httpx.TransportError as exc:
                 end.unreported = True
                 answered = end.status is not None
-                end.stale = (not answered and self._connection == "pooled"
-                             and _unanswered(exc))
+                end.stale = not answered and self._on_pooled() and _unanswered(exc)
                 end.error = self._fail(parser, _transport_error(exc, answered=answered,
                                                                 stale=end.stale))
                 # The connection broke after a 2xx began the stream: the body was cut short.
