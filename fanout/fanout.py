@@ -310,7 +310,10 @@ class Fanout:
         handler may call it without checking.  The cancellation takes effect at
         the stream's next checkpoint: its result is in ``results`` (and
         ``await fan.wait(key)`` returns) once its task has ended, a moment
-        later, before its ``StreamFinished`` is delivered.
+        later, before its ``StreamFinished`` is delivered.  Also when the stream
+        waits for room in a full channel (a consumer that stopped reading): its
+        upstream connection closes at once, and the events that were waiting,
+        then its ``StreamFinished``, are delivered when the consumer reads again.
         """
         runner = self._runners.get(key)
         if runner is None or runner.result is not None:

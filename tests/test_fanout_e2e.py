@@ -161,3 +161,44 @@ async def test_fragmented_streams_parse_the_same(upstream: RunningUpstream,
     results = await run_fanout(endpoint(upstream), requests)
     assert results["split"].text == results["whole"].text != ""
     assert results["split"].outcome is Outcome.COMPLETED
+
+
+async def wait_until_blocked(fan: Any, senders: int) -> None:
+    """Until ``senders`` streams wait for room in the event channel (the consumer stopped)."""
+    while fan.events._inner.statistics().tasks_waiting_send < senders:
+        await trio.sleep(0.005)
+
+
+@pytest.mark.parametrize("seed", range(6))
+async def test_cancel_closes_the_connection_of_a_stream_blocked_on_its_consumer(
+        seed: int, upstream: RunningUpstream) -> None:
+    import random
+
+    rng = random.Random(seed)
+    buffer = rng.choice([0, 1, 4, 32])
+    read_first = rng.randint(1, 40)  # events the consumer takes before it stops reading
+    requests = [req("a", "fault/endless"), req("b", "fault/endless")]
+    received: dict[str, list[Event]] = defaultdict(list)
+    with trio.fail_after(10):
+        async with open_fanout(endpoint(upstream), requests, buffer=buffer) as fan:
+            events = fan.events
+            for _ in range(read_first):
+                event = await events.receive()
+                received[event.stream].append(event)
+            await wait_until_blocked(fan, 2)  # both streams wait on the consumer
+            await upstream.stats.wait_for(lambda s: s.connections_open == 2)
+            assert fan.cancel("a")
+            # The connection closes now, while the consumer still reads nothing.
+            await upstream.stats.wait_for(lambda s: s.connections_closed == 1)
+            assert upstream.stats.connections_open == 1  # b's stays: only a was cancelled
+            async for event in events:
+                received[event.stream].append(event)
+                if isinstance(event, StreamFinished) and event.stream == "a":
+                    fan.cancel("b")
+    finals = [e for e in received["a"] if isinstance(e, StreamFinished)]
+    assert len(finals) == 1 and received["a"][-1] is finals[0]
+    result = finals[0].result
+    assert result.outcome is Outcome.CANCELLED and result.reason == "cancelled by the caller"
+    # Nothing kept back: the deltas delivered are the result's text.
+    assert "".join(e.text for e in received["a"] if isinstance(e, TextDelta)) == result.text
+    assert [isinstance(e, StreamFinished) for e in received["b"]].count(True) == 1

@@ -5,8 +5,10 @@ deadlines; the assertions are about outcomes and reasons, never durations."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
+import httpx
 import pytest
 import trio
 
@@ -18,6 +20,7 @@ from fanout import (
     RetryPolicy,
     StreamFinished,
     StreamRequest,
+    StreamRetrying,
     open_fanout,
     run_fanout,
 )
@@ -192,3 +195,87 @@ async def test_a_lone_surrogate_travels_both_ways(upstream: RunningUpstream) -> 
     assert request.content_key(endpoint(upstream))  # hashes, never crashes
     result = (await run_fanout(endpoint(upstream), [request]))["s"]
     assert (result.outcome, result.text) == (Outcome.COMPLETED, "bad \ud800 text")
+
+
+# -- connections the server gave up on ----------------------------------------------------
+
+STALE_MODELS = ["fault/close-after-response", "fault/close-after-response:reset",
+                "fault/close-idle:0.5:3"]
+
+
+def stale_attempts(results: dict[str, Any]) -> int:
+    return sum(1 for r in results.values() for a in r.attempts
+               if a.error is not None and a.error.code == "stale_connection")
+
+
+@pytest.mark.parametrize("model", STALE_MODELS)
+@pytest.mark.parametrize("own_client", [False, True])
+async def test_a_pooled_connection_the_server_closed_is_sent_again_on_a_fresh_one(
+        model: str, own_client: bool, upstream: RunningUpstream) -> None:
+    # attempts=1: no retry budget at all, and 3 other streams run: neither stops a re-send.
+    requests = [StreamRequest(f"s{i}", model, [{"role": "user", "content": f"Question {i}"}])
+                for i in range(24)]
+    events: list[Any] = []
+    async with (httpx.AsyncClient() as own,
+                open_fanout(endpoint(upstream), requests, max_concurrency=4,
+                            retry=RetryPolicy(attempts=1),
+                            client=own if own_client else None) as fan):
+        async for event in fan.events:
+            events.append(event)
+    results = fan.results
+    assert {r.outcome for r in results.values()} == {Outcome.COMPLETED}, [
+        r.reason for r in results.values()]
+    stale = stale_attempts(results)
+    assert stale == upstream.stats.unanswered > 0  # every request the server dropped, resent
+    for result in results.values():
+        *before, last = result.attempts
+        assert last.status == 200 and last.error is None
+        for attempt in before:
+            assert attempt.status is None and attempt.error is not None
+            assert attempt.error.code == "stale_connection"
+            # A reset seen while writing the body comes out as a close (httpcore reads
+            # on after a failed write, and the socket's error was spent on the write).
+            said = (("reset", "closed") if "reset" in model else ("closed",))
+            assert any(attempt.error.message.startswith(
+                f"the server {what} the connection before answering") for what in said), (
+                attempt.error)
+        if not own_client:  # fanout's client resends on a fresh connection: never stale twice
+            assert len(before) <= 1, result.attempts
+    retrying = [e for e in events if isinstance(e, StreamRetrying)]
+    assert len(retrying) == stale and {e.wait for e in retrying} == {0.0}
+
+
+async def test_a_fresh_connection_closed_before_an_answer_is_not_resent(
+        nursery: trio.Nursery, watchdog: None) -> None:
+    # A server that reads each request and closes the connection: no connection was
+    # reused, so there is no stale keep-alive to blame and nothing is sent again for free.
+    seen: list[int] = []
+
+    async def drop(stream: trio.SocketStream) -> None:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += await stream.receive_some(65536)
+        seen.append(1)
+        await stream.aclose()
+
+    listeners = await nursery.start(partial(trio.serve_tcp, drop, 0, host="127.0.0.1"))
+    port = listeners[0].socket.getsockname()[1]
+    result = (await run_fanout(Endpoint(f"http://127.0.0.1:{port}/v1", KEY),
+                               [req("s", "mock/fast")], retry=RetryPolicy(attempts=1)))["s"]
+    assert (result.outcome, len(result.attempts), len(seen)) == (Outcome.ERROR, 1, 1)
+    assert result.reason is not None and result.reason.startswith(
+        "the server closed the connection before answering"), result.reason
+    assert result.error is not None and result.error.code != "stale_connection"
+
+
+@pytest.mark.parametrize("route", ["chat", "responses", "anthropic"])
+async def test_an_error_body_that_is_an_event_stream_gives_its_message(
+        route: str, upstream: RunningUpstream) -> None:
+    request = StreamRequest("s", "fault/sse-500", MESSAGES, {"max_tokens": 5}, api=route)
+    result = (await run_fanout(endpoint(upstream), [request],
+                               retry=RetryPolicy(attempts=1)))["s"]
+    assert result.outcome is Outcome.ERROR and result.error is not None
+    assert (result.error.status, result.error.message) == (
+        500, "The server had an error while processing your request.")
+    assert result.error.type == ("api_error" if route == "anthropic" else "server_error")
+    assert result.reason is not None and "data:" not in result.reason

@@ -67,7 +67,10 @@ def test_content_key_is_stable_and_never_includes_the_key() -> None:
 
 async def test_make_client_shards_above_the_shard_size() -> None:
     async with make_client(10) as small:
-        assert isinstance(small._transport, httpx.AsyncHTTPTransport)
+        transport = small._transport
+        assert isinstance(transport, ShardedTransport) and len(transport.transports) == 1
+        assert isinstance(transport.transports[0], httpx.AsyncHTTPTransport)
+        assert isinstance(transport.fresh, httpx.AsyncHTTPTransport)  # for stale re-sends
     async with make_client(SHARD_SIZE * 3 + 1) as big:
         transport = big._transport
         assert isinstance(transport, ShardedTransport) and len(transport.transports) == 4

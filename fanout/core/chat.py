@@ -30,7 +30,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, final
 
-from .._exceptions import MalformedFrame
+from .._exceptions import EventTooLarge, MalformedFrame
 from . import _json
 from .events import (
     ChoiceFinished,
@@ -48,7 +48,7 @@ from .events import (
 )
 from .redact import Redactor
 from .result import StreamError, Usage
-from .sse import ServerSentEvent
+from .sse import ServerSentEvent, SSEDecoder
 
 __all__ = [
     "MAX_CHOICES",
@@ -376,16 +376,47 @@ def error_from_payload(payload: Any, status: int | None = None) -> StreamError:
 
 
 def error_from_response(status: int, body: bytes, reason: str = "") -> StreamError:
-    """Build a ``StreamError`` for a non-2xx HTTP response from its (bounded) body."""
+    """Build a ``StreamError`` for a non-2xx HTTP response from its (bounded) body.
+
+    The body is read as JSON; failing that, as an event stream (a relay that
+    streams its error: ``data: {"error": ...}``, Anthropic's ``event: error``),
+    whose error event (else its first event) is the payload, read as JSON when it
+    is; failing that, as text.
+    """
     text = body.decode("utf-8", "replace").strip()
     if text:
         try:
             payload: Any = _loads_checked(text)
         except (ValueError, RecursionError):
-            payload = text[:2000]
+            payload = _event_stream_payload(body)
+            if payload is None:
+                payload = text[:2000]
     else:
         payload = f"HTTP {status} {reason}".strip()
     return error_from_payload(payload, status)
+
+
+def _event_stream_payload(body: bytes) -> Any:
+    """The error an event-stream body holds, or None when it holds no event."""
+    decoder = SSEDecoder()
+    try:
+        events = decoder.feed(body + b"\n\n")  # the whole body: its last event ends here
+    except EventTooLarge:
+        return None
+    first: Any = None
+    for event in events:
+        data = event.data.strip()
+        if not data or data == "[DONE]":
+            continue
+        try:
+            value: Any = _loads_checked(data)
+        except (ValueError, RecursionError):
+            value = data[:2000]
+        if event.event == "error" or (isinstance(value, Mapping) and value.get("error")):
+            return value
+        if first is None:
+            first = value
+    return first
 
 
 def _loads_checked(text: str) -> Any:

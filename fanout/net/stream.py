@@ -16,6 +16,15 @@ the exception goes on after it).  It is sent shielded; the fan-out closes
 its receiving end before waiting for its streams, so that send cannot block
 forever.
 
+A consumer that stops reading fills the channel and the stream waits to send
+(shielded: see ``_deliver``).  ``cancel()`` ends that wait at once: the
+events that did not fit are kept, the upstream connection is closed, and
+those events, then the final one, are delivered when the consumer reads again.
+
+A request that met a pooled connection the server had already closed (no
+response at all) is sent again at once on a fresh connection: see
+``StreamRunner._resend``.
+
 Everything the server sends reaches the result through the attempt's
 ``StreamParser``, which redacts the endpoint's key (body, error bodies,
 headers, and the errors recorded here).
@@ -54,7 +63,7 @@ from ..core.parser import StreamParser
 from ..core.result import Attempt, Outcome, StreamError, StreamResult, Timings
 from ..records import dumps
 from ..request import Endpoint, StreamRequest, StreamSettings
-from .transport import ShardedTransport
+from .transport import FRESH_CONNECTION, ShardedTransport
 
 __all__ = ["DEFAULT_SETTINGS", "StreamRunner"]
 
@@ -70,6 +79,11 @@ _DETERMINISTIC = re.compile(r"validation error|input should be|invalid_request_e
 _OVERLOADED = re.compile(r"overloaded", re.I)
 #: Inflated bytes handed to the parser at a time: a small gzip body can hold gigabytes.
 _INFLATE_PIECE = 64 * 1024
+#: Sends again after a stale pooled connection, per stream, beyond the retry budget.  Through
+#: fanout's own client each goes out on a fresh connection, so one follows each stale one;
+#: through a client of yours it goes through its pool, where each stale connection met
+#: leaves the pool: this bounds that walk.
+MAX_RESENDS = 8
 
 
 @attrs.define
@@ -85,6 +99,7 @@ class _AttemptEnd:
     broken: bool = False  # a transport error after a 2xx response began
     connect_failed: bool = False
     unreported: bool = False  # ``error`` was found here, not sent as an event yet
+    stale: bool = False  # a pooled connection the server had closed: no response at all
 
 
 class StreamRunner:
@@ -112,6 +127,10 @@ class StreamRunner:
         self.others_running = others_running  # how many other streams hold a slot now
         self.on_slot = on_slot  # called once the stream holds its concurrency slots
         self._deaf = False  # the consumer closed its end: events go nowhere, results stay
+        #: The wait for room in the channel, while one runs: ``cancel()`` ends it.
+        self._blocked: trio.CancelScope | None = None
+        #: Events a cancel left undelivered, in order: sent just before the final event.
+        self._pending: list[Event] = []
         self.deadlines = request.deadlines or settings.deadlines
         self.retry = request.retry or settings.retry
         self.fanout_deadline = settings.fanout_deadline
@@ -143,6 +162,9 @@ class StreamRunner:
         self._gaps: list[float] = []
         self._attempt_deadlines: dict[str, float] = {}
         self._attempt_scope: trio.CancelScope | None = None
+        #: The attempt's connection, from httpcore's first trace event for it: "new"
+        #: (it opened one), "pooled" (it sent on one that served before), or None.
+        self._connection: str | None = None
         self._stop_reading = False
         self._parser = self._new_parser()  # the current attempt's: it holds the output
         self._last: _AttemptEnd | None = None
@@ -157,12 +179,30 @@ class StreamRunner:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self._deaf = True
 
+    async def _emit_or_keep(self, event: Event) -> None:
+        """``emit``; cancelled while waiting for room, the event is kept for the end."""
+        if self._pending:
+            self._pending.append(event)  # after those already kept: order holds
+            return
+        try:
+            await self.emit(event)
+        except trio.Cancelled:
+            self._pending.append(event)  # a cancelled send sent nothing (trio's contract)
+            raise
+
     def cancel(self, reason: str = "cancelled by the caller") -> None:
-        """Cancel the stream: it ends ``cancelled`` with this reason, keeping what arrived."""
+        """Cancel the stream: it ends ``cancelled`` with this reason, keeping what arrived.
+
+        Takes effect at once also while the stream waits for a consumer that
+        stopped reading: the upstream connection closes now, and the events
+        that were waiting, then the final one, reach the consumer when it reads.
+        """
         if not self.cancel_requested:
             self.cancel_requested = True
             self.cancel_reason = reason
         self.scope.cancel()
+        if self._blocked is not None:
+            self._blocked.cancel()
 
     @property
     def has_slot(self) -> bool:
@@ -228,33 +268,81 @@ class StreamRunner:
     async def _attempts(self, attempts: list[Attempt]) -> None:
         waited = 0.0
         number = 0
+        resent = 0  # attempts that were sends again after a stale connection
+        fresh = False
         while True:
             number += 1
             self._parser = parser = self._new_parser()
             self._last = end = _AttemptEnd()
             self._current = (number, waited)
             self.state, self.attempt, self.status = "connecting", number, None
-            await self._attempt(number, parser, end)
+            await self._attempt(number, parser, end, fresh=fresh)
             if end.error is not None and end.unreported:
                 # HTTP statuses, transport errors and deadlines are errors the consumer
                 # sees as events too, not only on the result (in-stream ones already were).
-                await self.emit(ErrorReported(end.error, self.key, self.content_key))
+                await self._emit_or_keep(ErrorReported(end.error, self.key,
+                                                       self.content_key))
             end.retryable = self._retryable(end, parser)
             attempts.append(Attempt(number, end.status, end.error, waited, end.delivered))
-            if not (end.retryable and self.retry.allows(end.status, number)):
+            if end.stale and resent < MAX_RESENDS:
+                resent += 1
+                await self._resend(number, end)
+                waited, fresh = 0.0, True
+                continue
+            fresh = False
+            counted = number - resent  # the retry budget counts the stream's own failures
+            if not (end.retryable and self.retry.allows(end.status, counted)):
                 return
             wait = end.retry_after
             if wait is None:
-                wait = self.retry.backoff(number, self.rng)
+                wait = self.retry.backoff(counted, self.rng)
             elif self.retry.retry_after_spread:
                 wait *= 1 + self.rng.uniform(0, self.retry.retry_after_spread)
             if trio.current_time() + wait >= self.scope.deadline:
                 return  # no time left for another attempt
             assert end.error is not None
             self.state = "retrying"
-            await self.emit(StreamRetrying(number, wait, end.error, self.key, self.content_key))
+            await self._emit_or_keep(StreamRetrying(number, wait, end.error, self.key,
+                                                    self.content_key))
             await trio.sleep(wait)
             waited = wait
+
+    async def _resend(self, number: int, end: _AttemptEnd) -> None:
+        """The attempt met a pooled connection the server had closed: send it again now.
+
+        A request that got no response at all (not a byte of a status line:
+        httpcore's "Server disconnected without sending a response", a reset,
+        or a write that failed) on a connection that had served a request
+        before is the stale keep-alive race: the server closed the idle
+        connection (the native llama.cpp server does it a few milliseconds
+        after every streamed response) while the client was sending on it.
+        The server never saw the request, so sending it again costs nothing
+        and duplicates nothing.  It goes out at once, whatever other streams
+        run (it says nothing about the server's load), is not counted against
+        the retry budget, and is recorded as an attempt whose error says what
+        happened (code ``stale_connection``).
+
+        "Reused" is known, not guessed: httpcore's trace hook reports opening
+        a connection before the request's own events, so an attempt whose
+        first event is the request's went out on a pooled connection.  "No
+        status line" alone would also match a fresh connection the server
+        drops on purpose, where sending again at once is no cure.  A client
+        whose transport reports no trace events gets no such re-send (its
+        retry policy still applies).  The re-send is marked
+        ``FRESH_CONNECTION``: fanout's client sends it on a new connection of
+        its own, since the other pooled connections may be just as stale (the
+        server closes them all); a client of your own sends it through its
+        pool, where each stale connection met leaves the pool
+        (``MAX_RESENDS`` bounds that).
+        """
+        assert end.error is not None
+        self.state = "retrying"
+        await self._emit_or_keep(StreamRetrying(number, 0.0, end.error, self.key,
+                                                self.content_key))
+
+    def _on_pooled(self) -> bool:
+        """Whether this attempt went out on a pooled connection (set by ``_trace``)."""
+        return self._connection == "pooled"
 
     def _retryable(self, end: _AttemptEnd, parser: StreamParser) -> bool:
         """May this attempt be tried again?  Never after content; never a failure the
@@ -304,8 +392,12 @@ class StreamRunner:
         Until then the request waited for the client's pool, which is queueing,
         not the model's latency: the wait counts in ``Timings.queued``, and
         ``request_sent`` and the first-byte and first-token deadlines start
-        only now.
+        only now.  That first event also says whether the connection is new
+        (``connection.connect_tcp.started``, or ``connect_unix_socket``) or
+        pooled (the request's own ``send_request_headers``).
         """
+        if self._connection is None:
+            self._connection = "new" if ".connect_" in name else "pooled"
         if self._asked is None:
             return
         now = trio.current_time()
@@ -325,8 +417,10 @@ class StreamRunner:
         if deadlines.first_token:
             self._attempt_deadlines["first_token"] = sent + deadlines.first_token
 
-    async def _attempt(self, number: int, parser: StreamParser, end: _AttemptEnd) -> None:
+    async def _attempt(self, number: int, parser: StreamParser, end: _AttemptEnd, *,
+                       fresh: bool = False) -> None:
         deadlines = self.deadlines
+        self._connection = None
         self._points = {}
         self._gaps = []
         self._stop_reading = False
@@ -352,9 +446,12 @@ class StreamRunner:
             try:
                 # Our own JSON writer: httpx's cannot encode a lone surrogate ("\ud800",
                 # valid in JSON, so a prompt may hold one); ours escapes it.
+                extensions: dict[str, Any] = {"trace": self._trace}
+                if fresh:
+                    extensions[FRESH_CONNECTION] = True
                 request = self.client.build_request(
                     "POST", self.url, content=dumps(self._body).encode(),
-                    headers=headers, timeout=timeout, extensions={"trace": self._trace})
+                    headers=headers, timeout=timeout, extensions=extensions)
                 if not any(name.lower() == "cookie" for name in ours):
                     # No stream sends what another stream's server set in the client's jar.
                     request.headers.pop("cookie", None)
@@ -379,7 +476,10 @@ class StreamRunner:
                 end.error = self._fail(parser, _transport_error(exc))
             except httpx.TransportError as exc:
                 end.unreported = True
-                end.error = self._fail(parser, _transport_error(exc))
+                answered = end.status is not None
+                end.stale = not answered and self._on_pooled() and _unanswered(exc)
+                end.error = self._fail(parser, _transport_error(exc, answered=answered,
+                                                                stale=end.stale))
                 # The connection broke after a 2xx began the stream: the body was cut short.
                 end.broken = end.status is not None and 200 <= end.status < 300
         self._attempt_scope = None
@@ -485,6 +585,10 @@ class StreamRunner:
         spent, and the wait is shielded so no cancellation fires inside the
         read loop (that would leave httpx's iterators unfinished).  It cannot
         hang: the fan-out closes its receiving end before waiting for streams.
+        Only ``cancel()`` ends the wait early (the wait's own scope, which it
+        cancels): what did not fit is kept in ``_pending``, and the read loop's
+        next read meets the stream's cancellation inside httpx's iterator, which
+        closes the connection.
         """
         if not end.delivered:
             for event in events:
@@ -509,6 +613,9 @@ class StreamRunner:
         """Send what fits in the buffer without waiting; return what did not fit."""
         if self._deaf:
             return []
+        if self._pending:  # cancelled with events kept: these go after them
+            self._pending.extend(events)
+            return []
         send_nowait = self.channel.send_nowait
         for index, event in enumerate(events):
             try:
@@ -521,13 +628,24 @@ class StreamRunner:
         return []
 
     async def _deliver_waiting(self, events: list[Any]) -> None:
+        if self.cancel_requested:  # no waiting once cancelled: kept for the end
+            self._pending.extend(events)
+            return
         scope = self._attempt_scope
         assert scope is not None
         scope.deadline = math.inf
         before = trio.current_time()
-        with trio.CancelScope(shield=True):
-            for event in events:
-                await self.emit(event)
+        sent = 0
+        with trio.CancelScope(shield=True) as wait:
+            self._blocked = wait
+            try:
+                for event in events:
+                    await self.emit(event)
+                    sent += 1
+            finally:
+                self._blocked = None
+        if sent < len(events):  # cancel() ended the wait: nothing of a cancelled send went
+            self._pending.extend(events[sent:])
         blocked = trio.current_time() - before
         if blocked:
             for name in self._attempt_deadlines:
@@ -594,6 +712,9 @@ class StreamRunner:
         self.state = "finished"
         if self.on_result is not None:
             self.on_result(self, result)  # so fan.results has it when StreamFinished arrives
+        pending, self._pending = self._pending, []
+        for event in pending:  # what a cancel kept from a consumer that was not reading
+            await self.emit(event)
         await self.emit(StreamFinished(result, self.key, self.content_key))
 
 
@@ -629,11 +750,31 @@ def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]
             yield exc
 
 
-def _transport_error(exc: httpx.TransportError) -> StreamError:
-    """One line that says what happened on the wire, with the OS's own reason."""
+def _unanswered(exc: httpx.TransportError) -> bool:
+    """Whether the request got no response at all because the connection ended: closed
+    before a status line (httpcore's own words), reset, or broken while writing (httpcore
+    then reads for an early response, so a write error rarely surfaces as one)."""
+    if isinstance(exc, httpx.RemoteProtocolError):
+        return "without sending a response" in str(exc)
+    return isinstance(exc, httpx.ReadError | httpx.WriteError)
+
+
+def _transport_error(exc: httpx.TransportError, *, answered: bool = True,
+                     stale: bool = False) -> StreamError:
+    """One line that says what happened on the wire, with the OS's own reason.
+
+    ``answered``: a status line had arrived (else the error says the server
+    never answered); ``stale``: a pooled connection the server had closed.
+    """
     message = str(exc) or type(exc).__name__
     os_error = _os_error(exc)
     code = type(exc).__name__
+    if stale:
+        what = ("reset" if os_error is not None
+                and os_error.errno in (errno.ECONNRESET, errno.EPIPE) else "closed")
+        return StreamError(f"the server {what} the connection before answering (a pooled "
+                           f"connection it had given up on: sent again on a fresh one) "
+                           f"({code}: {message})", "transport_error", "stale_connection")
     if os_error is not None and os_error.errno in (errno.EMFILE, errno.ENFILE):
         return StreamError("too many open files: the process ran out of file descriptors "
                            "(raise the limit with `ulimit -n`, or lower the concurrency)",
@@ -641,10 +782,12 @@ def _transport_error(exc: httpx.TransportError) -> StreamError:
     if os_error is not None and os_error.errno == errno.ECONNREFUSED:
         return StreamError(f"connection refused ({code}: {message})", "transport_error", code)
     if os_error is not None and os_error.errno in (errno.ECONNRESET, errno.EPIPE):
-        return StreamError(f"connection reset by the server ({code}: {message})",
+        before = "" if answered else " before answering"
+        return StreamError(f"connection reset by the server{before} ({code}: {message})",
                            "transport_error", "connection_reset")
     if isinstance(exc, httpx.RemoteProtocolError):
-        return StreamError(f"the server closed the connection mid-response ({code}: {message})",
+        when = "mid-response" if answered else "before answering"
+        return StreamError(f"the server closed the connection {when} ({code}: {message})",
                            "transport_error", code)
     return StreamError(f"{code}: {message}", "transport_error", code)
 

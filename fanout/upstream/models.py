@@ -1240,6 +1240,11 @@ from .relays import RELAY_MODELS  # noqa: E402
 
 MODELS.update(RELAY_MODELS)
 
+# The connection's own faults (connections.py), likewise.
+from .connections import CONNECTION_MODELS  # noqa: E402
+
+MODELS.update(CONNECTION_MODELS)
+
 
 def plan_chat(request: ChatRequest, context: Context) -> Plan:
     """The plan for a request of any route (``request.api``), or a 404 for an unknown

@@ -2,7 +2,8 @@
 
 A ``Plan`` is what the server will do for one request: a status, headers,
 and either a fixed body or a lazy sequence of steps (``Send`` bytes,
-``Pause``, ``Hang`` with the socket open, ``Abort`` the connection).  A
+``Pause``, ``Hang`` with the socket open, ``Abort`` the connection), and
+what becomes of the connection after a whole response (``CloseAfter``).  A
 ``raw`` plan's steps are the bytes of the whole response, status line and
 headers included (a server that never answers, or never ends its headers);
 a ``gzip`` plan's body is compressed as it is written.  The
@@ -23,6 +24,7 @@ import orjson
 __all__ = [
     "Abort",
     "ChatRequest",
+    "CloseAfter",
     "Hang",
     "Pause",
     "Plan",
@@ -74,6 +76,25 @@ Step: TypeAlias = Send | Pause | Hang | Abort
 
 
 @attrs.frozen
+class CloseAfter:
+    """After a whole response, close the connection without having said so.
+
+    The response carries no ``Connection: close``, so the client pools the
+    connection.  The server closes it when the next request on it arrives
+    (read whole, never answered) or after ``within`` seconds idle, whichever
+    comes first: the race a server loses that closes its connections a few
+    milliseconds after each response (the native llama.cpp server), made to
+    happen every time.  A close while idle, before any request, is what a
+    client's pool sees before reuse and does not need a mode.  ``reset``: a
+    TCP reset (``SO_LINGER`` 0) instead of a clean close, as soon as the next
+    request's first bytes arrive.
+    """
+
+    within: float = attrs.field(default=5.0, validator=attrs.validators.gt(0))
+    reset: bool = False
+
+
+@attrs.frozen
 class Plan:
     """One response.  ``steps`` (streamed, chunked) or ``body`` (Content-Length).
 
@@ -83,6 +104,8 @@ class Plan:
     ``gzip``: the server gzips the streamed body as it writes it (each write
     sync-flushed, so it inflates as it arrives) and says so in
     ``content-encoding``, whatever the request's ``Accept-Encoding``.
+    ``close_after``: what becomes of the connection after a whole response
+    (by default it stays open for the next request, as HTTP/1.1 says).
     """
 
     status: int
@@ -92,6 +115,7 @@ class Plan:
     fragment: str | None = None  # the request's choice, else the server's
     raw: bool = False
     gzip: bool = False
+    close_after: CloseAfter | None = None
 
 
 class RequestError(Exception):

@@ -11,6 +11,8 @@ from __future__ import annotations
 import gzip
 import hmac
 import math
+import socket
+import struct
 import time
 import zlib
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
@@ -29,6 +31,7 @@ from .fragment import COALESCE_LIMIT, Fragmenter
 from .models import MODELS, Context, plan_chat
 from .plans import (
     Abort,
+    CloseAfter,
     Hang,
     Pause,
     Plan,
@@ -57,6 +60,9 @@ class UpstreamStats:
     server; ``requests`` counts model requests (every route) by model id as sent
     (``fault/429:2@byte``), bad requests and other paths not included; ``routes``
     counts them by route (``"chat"``, ``"responses"``, ``"anthropic"``).
+    ``unanswered`` counts requests that arrived on a connection the server then
+    closed without answering them (``CloseAfter``: a reused keep-alive
+    connection the server had given up on); ``reset`` counts those it reset.
     """
 
     connections_open: int = 0
@@ -64,6 +70,8 @@ class UpstreamStats:
     connections_closed: int = 0
     requests: dict[str, int] = attrs.Factory(dict)
     routes: dict[str, int] = attrs.Factory(dict)
+    unanswered: int = 0
+    reset: int = 0
     _changed: trio.Event = attrs.Factory(trio.Event)
 
     async def wait_for(self, predicate: Callable[[UpstreamStats], bool]) -> None:
@@ -86,6 +94,11 @@ class UpstreamStats:
     def _closed(self) -> None:
         self.connections_open -= 1
         self.connections_closed += 1
+        self._touch()
+
+    def _unanswered(self, reset: bool) -> None:
+        self.unanswered += 1
+        self.reset += reset
         self._touch()
 
     def _request(self, model: str, api: str = "chat") -> None:
@@ -193,6 +206,9 @@ class _Upstream:
                 if connection.our_state is h11.MUST_CLOSE:
                     return
                 connection.start_next_cycle()
+                if plan.close_after is not None:
+                    await self._close_after(connection, stream, plan.close_after)
+                    return
         except h11.RemoteProtocolError:
             await _send_bad_request(connection, stream)
         except (trio.BrokenResourceError, trio.ClosedResourceError, h11.LocalProtocolError):
@@ -202,6 +218,25 @@ class _Upstream:
                 await trio.aclose_forcefully(stream)
             finally:
                 self.stats._closed()
+
+    async def _close_after(self, connection: h11.Connection, stream: trio.SocketStream,
+                           close: CloseAfter) -> None:
+        """Wait for the next request (or ``close.within`` idle seconds), then let the
+        caller close the connection without answering it: cleanly once the request was
+        read whole, or with a TCP reset at its first bytes."""
+        with trio.move_on_after(close.within):
+            if close.reset:
+                if connection.trailing_data[0]:
+                    data = b"pipelined"  # the next request already came with the last one
+                else:
+                    data = await stream.receive_some(65536)
+                if data:
+                    # SO_LINGER with a zero timeout: close() sends RST, not FIN.
+                    stream.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                      struct.pack("ii", 1, 0))
+                    self.stats._unanswered(reset=True)
+            elif await _read_request(connection, stream) is not None:
+                self.stats._unanswered(reset=False)
 
     async def _respond(self, connection: h11.Connection, stream: trio.SocketStream,
                        plan: Plan) -> bool:
