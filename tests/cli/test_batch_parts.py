@@ -15,7 +15,7 @@ from trio.testing import MockClock
 from fanout import ChoiceResult, Flag, Outcome, StreamResult, Usage
 from fanout.cli.batch import _Final, is_done, not_completed, plan_work
 from fanout.cli.prompts import PromptFileError, load_prompts
-from fanout.cli.ratelimit import AdaptiveLimit, EndpointLimit
+from fanout.ratelimit import AdaptiveLimit, EndpointLimit
 from fanout.cli.report import _percentile, model_summary
 from fanout.cli.results import (
     ResultsFile,
@@ -500,8 +500,13 @@ async def test_a_cut_while_others_ran_is_redone_first_and_lowers_the_endpoint(
     assert (record["cut"], record["redo"], record["outcome"]) == (False, 1, "completed")
     assert session.counts == {"completed": 4} and session.redone == 2
     assert session.cut_lines() == [
-        "the server cut 2 streams while others ran; they were redone at lower concurrency "
-        "(8 → 4); set [concurrency] max = 4 for this endpoint (or --concurrency 4)"]
+        "the server cut 2 answers while up to 8 streams ran at once; they were redone at lower "
+        "concurrency (8 → 4); set [concurrency] max = 4 for this endpoint (or --concurrency 4)"]
+    # the endpoint is named, without what its URL may carry beside the address
+    session.endpoint.url = "http://user:secret@relay.example:4000/v1?token=abc"
+    assert session.cut_lines()[0].startswith(
+        "the server cut 2 answers while up to 8 streams ran at once on "
+        "http://relay.example:4000/v1; they were redone")
 
 
 async def test_a_unit_is_redone_at_most_max_redos_times(tmp_path: Path) -> None:
