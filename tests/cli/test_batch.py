@@ -539,6 +539,79 @@ def test_a_single_slot_server_still_completes_every_unit(tmp_path: Path, cut: st
     assert all(f" m{i} " in out for i in range(4))  # the summary
 
 
+def _one_slot_judged(tmp_path: Path, answers: str, cadence: float, extra: str = "") -> Path:
+    # Two answer models and a judge model on one llama.cpp-like slot: whoever sends
+    # the next request cuts the stream the slot serves, answer or judge.
+    config = tmp_path / "slot.toml"
+    config.write_text(
+        '[endpoint]\nbase_url = "embedded"\n[deadlines]\nidle = 5\ntotal = 60\n' + extra
+        + "".join(f'[[models]]\nname = "m{i}"\nid = "slot/{answers}:{cadence}"\n'
+                  'params = { max_tokens = 10 }\n' for i in range(2))
+        + f'[[models]]\nname = "judge"\nid = "slot/judge:{cadence}"\n'
+        + '[[scorers]]\nname = "judged"\nkind = "judge"\nmodel = "judge"\nconcurrency = 2\n')
+    return config
+
+
+@pytest.mark.parametrize("cadence", [0.003, 0.005, 0.008])
+def test_answers_and_judges_on_one_slot_share_its_limit(tmp_path: Path, cadence: float) -> None:
+    # The judge's streams cut answers and answers cut judges: each is counted as a
+    # stream running on the endpoint, so a cut answer is redone (before it is judged)
+    # and a cut judge is asked again (never scored), at the endpoint's lowered limit.
+    from fanout.eval.scores import answer_key, read_scores, scores_path
+    config = _one_slot_judged(tmp_path, "clean", cadence)
+    prompts = prompts_file(tmp_path, 10)
+    output = str(tmp_path / "results.jsonl")
+    status, out, err = batch(prompts, output, str(config), "m0", "m1", concurrency=4,
+                             scorers=("judged",))
+    assert status == 0, err
+    final = latest(output)
+    assert len(final) == 20
+    assert all(r["outcome"] == "completed" and not r["cut"]
+               and r["usage"]["completion_tokens"] == 10 for r in final.values()), err
+    scores = read_scores(scores_path(output))
+    assert {key for key, _ in scores} == set(final)
+    for (key, _), score in scores.items():
+        # each verdict is the judge's whole reply, about the answer that stands
+        assert score["status"] == "scored" and score["judge"]["outcome"] == "completed", score
+        assert score["judge"]["text"].rstrip().endswith(("GRADE: PASS", "GRADE: FAIL"))
+        assert score["answer_key"] == answer_key(final[key])
+    cut_answers = len(records(output)) - 20
+    line = next(line for line in err.splitlines() if "streams ran at once" in line)
+    assert re.fullmatch(rf"fanout batch: the server cut (\d+ answers?)?( and )?(\d+ judge "
+                        r"requests?)? while up to \d+ streams ran at once on http://\S+/v1; .*",
+                        line), line
+    said = re.search(r"(\d+) answers?", line.split(" while ")[0])
+    assert (int(said[1]) if said else 0) == cut_answers
+    judge_cuts = re.search(r"(\d+) judge requests?", line)
+    tally = next(line for line in out.splitlines() if line.startswith("judged: "))
+    assert re.match(r"judged: 20 new \(20 scored, \d+ passed, 0 unscored, 0 error\), 0 current"
+                    + (f", {judge_cuts[1]} judge streams? cut by the server and asked again;"
+                       if judge_cuts else ";"), tally), tally
+
+
+@pytest.mark.parametrize("cadence", [0.003, 0.008])
+def test_a_relay_that_hides_cuts_is_met_by_capping_the_endpoint(tmp_path: Path,
+                                                                 cadence: float) -> None:
+    # slot/litellm: a cut comes as finish_reason "stop", usage and [DONE], byte for byte
+    # a finished answer; nothing can tell it.  [concurrency] max = 1 caps the endpoint
+    # for answers and judges alike: one stream at a time, nothing is cut.
+    from fanout.eval.scores import read_scores, scores_path
+    config = _one_slot_judged(tmp_path, "litellm", cadence, "[concurrency]\nmax = 1\n")
+    prompts = prompts_file(tmp_path, 10)
+    output = str(tmp_path / "results.jsonl")
+    status, out, err = batch(prompts, output, str(config), "m0", "m1", scorers=("judged",))
+    assert status == 0, err
+    every = records(output)
+    assert len(every) == 20  # nothing was cut, nothing redone
+    assert all(r["outcome"] == "completed" and r["usage"]["completion_tokens"] == 10
+               and r["others_running"] == 0 for r in every)
+    scores = read_scores(scores_path(output))
+    assert len(scores) == 20 and all(
+        s["status"] == "scored" and s["judge"]["text"].rstrip().endswith(
+            ("GRADE: PASS", "GRADE: FAIL")) for s in scores.values())
+    assert "ran at once" not in err and "cut by the server" not in out
+
+
 # ---------------------------------------------------------------- the first run
 
 def test_the_default_config_runs_its_batch_models_and_completes(tmp_path: Path) -> None:
