@@ -443,7 +443,7 @@ class _Fan:
 
 
 def _session(tmp_path: Path, *, accept_empty: bool = False, prompts: int = 4,
-             concurrency: int = 8) -> tuple[Any, list[Any]]:
+             concurrency: int = 8, scoring: Any = None) -> tuple[Any, list[Any]]:
     from fanout.cli.batch import BatchOptions, _Session
     tmp_path.mkdir(exist_ok=True)
     lines = [json.dumps({"id": f"q{i}", "prompt": f"p{i}"}) for i in range(prompts)]
@@ -452,7 +452,8 @@ def _session(tmp_path: Path, *, accept_empty: bool = False, prompts: int = 4,
     writer = ResultsFile(tmp_path / "r.jsonl")
     options = BatchOptions(prompts="p", output="r", concurrency=concurrency,
                            accept_empty=accept_empty)
-    return _Session(CONFIG, options, work, writer, Console(file=io.StringIO())), work
+    return _Session(CONFIG, options, work, writer, Console(file=io.StringIO()),
+                    scoring=scoring), work
 
 
 def _send(session: Any, unit: Any) -> None:
@@ -565,6 +566,46 @@ async def test_a_relay_that_drops_usage_on_a_cut(tmp_path: Path) -> None:
     assert _end(session, first, Outcome.COMPLETED, others=0, usage=False)["cut"] is False
     _send(session, third)
     assert _end(session, third, Outcome.COMPLETED, others=3, usage=False)["cut"] is False
+
+
+class _Scoring:
+    """What a session asks of its scoring: the records it is given to score."""
+
+    def __init__(self) -> None:
+        self.added: list[tuple[str, int]] = []
+        self.tallies: dict[str, Any] = {}
+        self.on_budget: Any = None
+
+    def add(self, record: dict[str, Any]) -> None:
+        self.added.append((record["id"], record["redo"]))
+
+
+async def test_a_suspect_answer_is_judged_only_once_known_not_cut(tmp_path: Path) -> None:
+    scoring = _Scoring()
+    session, work = _session(tmp_path, scoring=scoring)
+    first, second, third = work[0], work[1], work[2]
+    for unit in (first, second, third):
+        _send(session, unit)
+    # Completed without usage while others ran, before usage was seen: not scored yet.
+    _end(session, first, Outcome.COMPLETED, others=2, usage=False)
+    assert scoring.added == []
+    # Usage came: it was cut, and is redone; only the redo's answer is scored.
+    _end(session, second, Outcome.COMPLETED, others=1)
+    assert scoring.added == [("q0", 0)]  # second's (prompt q0, model b)
+    _end(session, third, Outcome.COMPLETED, others=1, usage=False)  # a cut now: not scored
+    assert scoring.added == [("q0", 0)]
+    _send(session, first)
+    _end(session, first, Outcome.COMPLETED, others=0)
+    assert scoring.added == [("q0", 0), ("q0", 1)]
+    # A suspect that turns out to stand (a stream completes without usage alone) is scored.
+    session2, work2 = _session(tmp_path / "two", scoring=(scoring2 := _Scoring()))
+    a, b = work2[0], work2[1]
+    _send(session2, a)
+    _send(session2, b)
+    _end(session2, a, Outcome.COMPLETED, others=1, usage=False)
+    assert scoring2.added == []
+    _end(session2, b, Outcome.COMPLETED, others=0, usage=False)  # this endpoint sends none
+    assert scoring2.added == [("q0", 0), ("q0", 0)]
 
 
 def test_a_model_that_fails_the_same_way_beside_refused_requests_gets_no_advice() -> None:
