@@ -48,8 +48,8 @@ from .request import (
 
 DEFAULT_RETRY = RetryPolicy()
 
-__all__ = ["EndpointStreams", "Fanout", "FanoutOptions", "StreamHandle", "StreamSnapshot", "open_fanout",
-           "run_fanout"]
+__all__ = ["EndpointStreams", "Fanout", "FanoutOptions", "StreamHandle", "StreamSnapshot",
+           "open_fanout", "run_fanout"]
 
 DEFAULT_BUFFER = 1024
 #: Submitted streams that may wait for a concurrency slot before ``submit`` waits too.

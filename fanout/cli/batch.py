@@ -20,7 +20,9 @@ sent reaches stderr and stdout through ``report.printable``.
 
 ``--score NAME`` (repeatable) scores each unit as its record is written
 (``fanout.eval.run.Scoring``: pure scorers at once, a judge through its own
-fan-out beside the batch's) into the scores file (``RESULTS.scores.jsonl``,
+fan-out beside the batch's, its streams under the same endpoint-wide cap and
+cut detection as the answers: a cut answer is redone before it is judged, a
+cut judge asked again) into the scores file (``RESULTS.scores.jsonl``,
 or ``--scores``).  ``--budget USD`` sends a unit only while this run's cost
 (its finished streams, judges included, plus a bound for those in flight:
 ``fanout.eval.budget``) stays within USD; a unit that does not fit waits
@@ -74,11 +76,11 @@ from ..eval.cost import cost_of, usage_record
 from ..eval.run import Scoring, Selected, UnknownScorer, select_scorers
 from ..eval.scores import ScoresFile, scores_path
 from ..fanout import Fanout, open_fanout
+from ..ratelimit import AdaptiveLimit, EndpointLimit
 from ..request import Endpoint, RetryPolicy, StreamRequest, content_key
 from .common import interrupt_on_sigint, open_endpoint, text_console
 from .common import only as _only
 from .prompts import Prompt, PromptFileError, load_prompts
-from ..ratelimit import AdaptiveLimit, EndpointLimit
 from .records import result_record
 from .render import cut_line
 from .report import model_summary, printable, summary_console, summary_view

@@ -56,7 +56,8 @@ from .judge import JudgeScorer
 from .scorers import BUILTIN, Answer, Score, Scorer
 from .scores import ScoresFile, answer_key, as_read_back, score_record
 
-__all__ = ["JUDGE_REDOS", "JUDGE_RETRY", "Scoring", "Selected", "Tally", "UnknownScorer", "select_scorers"]
+__all__ = ["JUDGE_REDOS", "JUDGE_RETRY", "Scoring", "Selected", "Tally", "UnknownScorer",
+           "select_scorers"]
 
 #: Judge requests are retried like batch streams: a 429 storm costs waiting, not scores.
 JUDGE_RETRY = RetryPolicy(attempts=8, maximum=30.0, retry_after_spread=0.25)
@@ -442,7 +443,6 @@ class Scoring:
         if self.on_budget is not None and self.budget is not None:
             self.on_budget()
         self.wake()
-
 
     def _is_cut(self, name: str, result: StreamResult) -> bool:
         """Whether the server cut this judge stream because others ran on the endpoint:

@@ -577,7 +577,7 @@ def test_answers_and_judges_on_one_slot_share_its_limit(tmp_path: Path, cadence:
         assert score["answer_key"] == answer_key(final[key])
     cut_answers = len(records(output)) - 20
     line = next(line for line in err.splitlines() if "streams ran at once" in line)
-    assert re.fullmatch(rf"fanout batch: the server cut (\d+ answers?)?( and )?(\d+ judge "
+    assert re.fullmatch(r"fanout batch: the server cut (\d+ answers?)?( and )?(\d+ judge "
                         r"requests?)? while up to \d+ streams ran at once on http://\S+/v1; .*",
                         line), line
     said = re.search(r"(\d+) answers?", line.split(" while ")[0])

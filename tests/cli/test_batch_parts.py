@@ -15,7 +15,6 @@ from trio.testing import MockClock
 from fanout import ChoiceResult, Flag, Outcome, StreamResult, Usage
 from fanout.cli.batch import _Final, is_done, not_completed, plan_work
 from fanout.cli.prompts import PromptFileError, load_prompts
-from fanout.ratelimit import AdaptiveLimit, EndpointLimit
 from fanout.cli.report import _percentile, model_summary
 from fanout.cli.results import (
     ResultsFile,
@@ -26,6 +25,7 @@ from fanout.cli.results import (
     work_key,
 )
 from fanout.config import parse_config
+from fanout.ratelimit import AdaptiveLimit, EndpointLimit
 
 CONFIG = parse_config("[endpoint]\nbase_url = 'embedded'\n"
                       "[[models]]\nname = 'a'\nid = 'mock/fast'\n"
