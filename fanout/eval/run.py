@@ -297,12 +297,12 @@ class Scoring:
     async def run(self, endpoint: Endpoint, limit: EndpointLimit | None = None) -> None:
         """Send the judges' requests until ``close()`` and the last verdict (returns at
         once without a judge).  ``limit``: the endpoint's limit, shared with whoever else
-        sends there (a batch's answers); without it, one of its own, capped by
-        ``[concurrency] max``."""
+        sends there (a batch's answers); without it, or when it is another endpoint's
+        (its ``url``), one of its own, capped by ``[concurrency] max``."""
         if not self.has_judge:
             return
         cap = int(sum(limit.total_tokens for limit in self._limits.values()))
-        if limit is None:
+        if limit is None or limit.url not in (None, endpoint.base_url):
             limit = EndpointLimit(self.config.max_concurrency or cap, url=endpoint.base_url)
         self.endpoint = limit
         async with (

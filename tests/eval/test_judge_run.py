@@ -314,3 +314,22 @@ async def test_the_endpoint_cap_holds_for_judges(tmp_path: Path,
     assert upstream.context.slot.cuts == 0
     assert scoring.tallies["judged"].statuses == {"scored": 8}
     assert scoring.tallies["judged"].judge_cut == 0
+
+
+async def test_the_limit_shared_is_the_endpoint_s_own(tmp_path: Path,
+                                                     upstream: RunningUpstream) -> None:
+    # One limit per endpoint: a limit for another base URL is not taken; this one is.
+    from fanout.ratelimit import EndpointLimit
+    config = _slot_judges(upstream, 0.0)
+    for url, shared in (("http://127.0.0.1:9/v1", False), (upstream.base_url, True)):
+        limit = EndpointLimit(1, url=url)
+        writer = ScoresFile(tmp_path / "s.jsonl")
+        try:
+            scoring = Scoring(config, select_scorers(config, ("judged",)), writer, rescore=True)
+            scoring.add(SLOT_RECORDS[0])
+            scoring.close()
+            await scoring.run(Endpoint(upstream.base_url), limit)
+        finally:
+            writer.close()
+        assert (scoring.endpoint is limit) is shared
+        assert scoring.tallies["judged"].statuses == {"scored": 1}
