@@ -48,8 +48,8 @@ from .request import (
 
 DEFAULT_RETRY = RetryPolicy()
 
-__all__ = ["Fanout", "FanoutOptions", "StreamHandle", "StreamSnapshot", "open_fanout",
-           "run_fanout"]
+__all__ = ["EndpointStreams", "Fanout", "FanoutOptions", "StreamHandle", "StreamSnapshot",
+           "open_fanout", "run_fanout"]
 
 DEFAULT_BUFFER = 1024
 #: Submitted streams that may wait for a concurrency slot before ``submit`` waits too.
@@ -133,6 +133,34 @@ class StreamHandle:
 
 
 @final
+class EndpointStreams:
+    """The streams holding a slot on one endpoint, counted across every fan-out given
+    this object (``open_fanout(..., endpoint_streams=...)``).
+
+    A server with one generation slot cuts the stream it serves when another
+    request arrives, whichever fan-out sent it (a judge's beside a batch's).  With
+    one ``EndpointStreams`` shared, each stream's ``others_running``, and the rule
+    that a 2xx which delivered nothing while others ran is not retried, count the
+    streams of all of them.  ``len()``: how many hold a slot now.
+    """
+
+    def __init__(self) -> None:
+        self._runners: set[StreamRunner] = set()
+
+    def __len__(self) -> int:
+        return len(self._runners)
+
+    def others(self, runner: StreamRunner) -> int:
+        return len(self._runners) - (runner in self._runners)
+
+    def add(self, runner: StreamRunner) -> None:
+        self._runners.add(runner)
+
+    def discard(self, runner: StreamRunner) -> None:
+        self._runners.discard(runner)
+
+
+@final
 class Fanout:
     """A running fan-out (made by ``open_fanout``).
 
@@ -150,7 +178,7 @@ class Fanout:
                  settings: StreamSettings, rng: random.Random,
                  max_concurrency: int | None,
                  per_model_concurrency: int | Mapping[str, int] | None,
-                 max_queued: int) -> None:
+                 max_queued: int, endpoint_streams: EndpointStreams | None = None) -> None:
         self._nursery = nursery
         self._endpoint = endpoint
         self._client = client
@@ -172,6 +200,7 @@ class Fanout:
         # consumer must push back on the producer too, not pile up finished tasks).
         self._queue_room = trio.Semaphore(max_queued + (max_concurrency or 0))
         self._holding_room: set[StreamRunner] = set()
+        self._endpoint_streams = endpoint_streams
 
     @property
     def running(self) -> AbstractSet[str]:
@@ -219,17 +248,24 @@ class Fanout:
             finally:
                 if runner.result is not None:
                     self._store(runner, runner.result)
+                if self._endpoint_streams is not None:
+                    self._endpoint_streams.discard(runner)
                 self._leave_queue(runner)
                 runner.finished.set()
 
     def _others_running(self, runner: StreamRunner) -> int:
-        # Streams that hold a slot and have not finished, this one aside.
+        # Streams that hold a slot and have not finished, this one aside (on the
+        # whole endpoint when the fan-out shares one's count).
+        if self._endpoint_streams is not None:
+            return self._endpoint_streams.others(runner)
         return len(self._running) - (runner.key in self._running)
 
     def _slot_taken(self, runner: StreamRunner) -> None:
         if self._runners.get(runner.key) is runner:
             self._queued.discard(runner.key)
             self._running.add(runner.key)
+            if self._endpoint_streams is not None:
+                self._endpoint_streams.add(runner)
 
     def _leave_queue(self, runner: StreamRunner) -> None:
         if runner in self._holding_room:
@@ -237,6 +273,8 @@ class Fanout:
             self._queue_room.release()
 
     def _store(self, runner: StreamRunner, result: StreamResult) -> None:
+        if self._endpoint_streams is not None:
+            self._endpoint_streams.discard(runner)
         # Not for a runner that was forgotten (its key may already run again).
         if self._runners.get(runner.key) is runner and runner.key not in self.results:
             self.results[runner.key] = result
@@ -385,6 +423,7 @@ async def open_fanout(
     max_response_bytes: int | None = DEFAULT_MAX_RESPONSE_BYTES,
     max_queued: int = DEFAULT_MAX_QUEUED,
     seed: int | None = None,
+    endpoint_streams: EndpointStreams | None = None,
 ) -> AsyncIterator[Fanout]:
     """Stream every request at once through ``endpoint``; yield the running ``Fanout``.
 
@@ -417,6 +456,10 @@ async def open_fanout(
     works: waiting for one of its connections counts as queueing
     (``Timings.queued``), never as time to first token, and moves the
     stream's first-byte and first-token deadlines with it.
+
+    ``endpoint_streams``: an ``EndpointStreams`` shared with the other fan-outs
+    on the same server, so each stream's ``others_running`` counts theirs too
+    (a one-slot server cuts a stream whoever sends the next request).
 
     Leaving the block cancels every stream still running; each still ends
     with its ``StreamFinished`` and its result in ``fan.results``.  An
@@ -457,7 +500,7 @@ async def open_fanout(
                              settings=settings, rng=random.Random(seed),
                              max_concurrency=max_concurrency,
                              per_model_concurrency=per_model_concurrency,
-                             max_queued=max_queued)
+                             max_queued=max_queued, endpoint_streams=endpoint_streams)
                 barrier = _Barrier(len(initial)) if start_together and initial else None
                 for request in initial:
                     fan._start(request, barrier)
@@ -527,6 +570,7 @@ class FanoutOptions(TypedDict, total=False):
     max_response_bytes: int | None
     max_queued: int
     seed: int | None
+    endpoint_streams: EndpointStreams | None
 
 
 async def run_fanout(endpoint: Endpoint, requests: Iterable[StreamRequest],

@@ -286,8 +286,9 @@ def test_the_chat_only_models_are_the_ones_listed(tmp_path: Path) -> None:
     assert "the `slot/*` models" in sentence
     assert chat_only == listed | {name for name in chat_only if name.startswith("slot/")}
     assert {name for name in chat_only if name.startswith("slot/")} == {
-        "slot/clean", "slot/broken", "slot/relay"}
-    assert len(chat_only) == 11 and "all but the eleven whose bytes are chat's own" in _flat(UPSTREAM)
+        "slot/clean", "slot/broken", "slot/relay", "slot/litellm", "slot/judge"}
+    assert len(chat_only) == 13 and "all but the thirteen whose bytes are chat's own" in _flat(
+        UPSTREAM)
 
 
 def test_the_default_config_has_the_dialect_models_the_readme_names() -> None:

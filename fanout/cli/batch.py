@@ -20,7 +20,9 @@ sent reaches stderr and stdout through ``report.printable``.
 
 ``--score NAME`` (repeatable) scores each unit as its record is written
 (``fanout.eval.run.Scoring``: pure scorers at once, a judge through its own
-fan-out beside the batch's) into the scores file (``RESULTS.scores.jsonl``,
+fan-out beside the batch's, its streams under the same endpoint-wide cap and
+cut detection as the answers: a cut answer is redone before it is judged, a
+cut judge asked again) into the scores file (``RESULTS.scores.jsonl``,
 or ``--scores``).  ``--budget USD`` sends a unit only while this run's cost
 (its finished streams, judges included, plus a bound for those in flight:
 ``fanout.eval.budget``) stays within USD; a unit that does not fit waits
@@ -74,11 +76,11 @@ from ..eval.cost import cost_of, usage_record
 from ..eval.run import Scoring, Selected, UnknownScorer, select_scorers
 from ..eval.scores import ScoresFile, scores_path
 from ..fanout import Fanout, open_fanout
+from ..ratelimit import AdaptiveLimit, EndpointLimit
 from ..request import Endpoint, RetryPolicy, StreamRequest, content_key
 from .common import interrupt_on_sigint, open_endpoint, text_console
 from .common import only as _only
 from .prompts import Prompt, PromptFileError, load_prompts
-from .ratelimit import AdaptiveLimit, EndpointLimit
 from .records import result_record
 from .render import cut_line
 from .report import model_summary, printable, summary_console, summary_view
@@ -223,6 +225,14 @@ def batch_record(work: Work, result: StreamResult, *, cut: bool = False,
         "messages": [dict(message) for message in work.prompt.messages],
         **work.prompt.eval_fields(),
     }
+
+
+def _shown_url(url: str) -> str:
+    """A base URL as a summary names it: no user info, no query."""
+    try:
+        return printable(str(httpx.URL(url).copy_with(userinfo=b"", query=None)))
+    except (httpx.InvalidURL, ValueError):
+        return "the endpoint"
 
 
 def is_done(state: str | None, accept_empty: bool) -> bool:
@@ -724,19 +734,23 @@ class _Session:
         self.cut_by: Counter[str] = Counter()  # model -> its cuts that were redone
         self.cut_level: int | None = None  # fewest streams running when one was cut
         self.still_cut = 0  # units cut again after MAX_REDOS redos
+        self.relayed = 0  # cuts that came as a normal end ("stop"), a relay's doing
         self.excused: dict[str, int] = {}  # model -> its cuts, found its own (it fails alone)
         # A relay that drops usage on a cut: see _is_cut.
         self._usage_seen = False  # a completed stream of this endpoint had usage
         self._usage_optional = False  # one completed without usage with nothing else running
-        self._suspects: dict[str, tuple[Work, float, int]] = {}  # key -> unit, sent, running
+        # key -> unit, sent, running, record: not scored until known not to be cut
+        self._suspects: dict[str, tuple[Work, float, int, dict[str, Any]]] = {}
 
     async def run(self, endpoint: Endpoint | None) -> None:
         async with (
             open_endpoint(endpoint) as resolved,
             open_fanout(resolved, accept_more=True, max_concurrency=self.global_cap,
-                        retry=BATCH_RETRY, strict=self.config.strict) as fan,
+                        retry=BATCH_RETRY, strict=self.config.strict,
+                        endpoint_streams=self.endpoint.streams) as fan,
             trio.open_nursery() as nursery,
         ):
+            self.endpoint.url = resolved.base_url
             nursery.start_soon(interrupt_on_sigint, partial(self._interrupt, fan))
             nursery.start_soon(self._fsync_every_second)
             nursery.start_soon(self._progress)
@@ -747,13 +761,14 @@ class _Session:
             await self._consume(fan)
             self._update_bar()  # the last frame shows the end, not the frame before it
             if self.scoring is not None:
+                self._score_suspects()  # never known to be cut: they stand
                 self.scoring.close()
                 await judged.wait()
             nursery.cancel_scope.cancel()
 
     async def _judge(self, scoring: Scoring, endpoint: Endpoint, judged: trio.Event) -> None:
         try:
-            await scoring.run(endpoint)
+            await scoring.run(endpoint, self.endpoint)  # one limit for answers and judges
         finally:
             judged.set()
 
@@ -886,10 +901,13 @@ class _Session:
             self.budget.observe(unit.prompt.id, name, record)
             self.budget.finished(unit.key, record["cost"])
             self.budget_changed()
-        if self.scoring is not None and not again:
-            self.scoring.add(record)
         sent = self._submitted.pop(unit.key)
+        # A suspect is judged once it is known not to be cut (a cut answer is redone first).
+        suspect = not again and self._suspect(unit, result, sent)
+        if self.scoring is not None and not again and not suspect:
+            self.scoring.add(record)
         if again:
+            self.relayed += result.outcome == Outcome.COMPLETED
             self._cut(unit, sent, result.others_running + 1)
         else:
             del self.by_key[unit.key]
@@ -904,11 +922,11 @@ class _Session:
                     self.endpoint.succeeded()
             elif result.status == 429:  # retries ran out on a 429: that is a signal too
                 limit.rate_limited_now(trio.current_time(), None)
-            if self._suspect(unit, result, sent):
-                self._suspects[unit.key] = (unit, sent, result.others_running + 1)
+            if suspect:
+                self._suspects[unit.key] = (unit, sent, result.others_running + 1, record)
         if result.outcome == Outcome.COMPLETED and result.usage is not None \
                 and not self._usage_seen:
-            self._usage_seen = True
+            self._usage_seen = self.endpoint.usage_seen = True
             self._redo_suspects()
         self._wake_submitters(name)
 
@@ -930,7 +948,7 @@ class _Session:
             if result.usage is None and not self._usage_optional:
                 if not others:
                     self._usage_optional = True
-                    self._suspects.clear()
+                    self._score_suspects()
                 return bool(others) and self._usage_seen
             return False
         return result.outcome == Outcome.TRUNCATED and self._looks_cut(name, others)
@@ -946,6 +964,13 @@ class _Session:
             self.endpoint.reset()
         return False
 
+    def _score_suspects(self) -> None:
+        """The suspects were not cut after all: their records are scored."""
+        if self.scoring is not None:
+            for _, _, _, record in self._suspects.values():
+                self.scoring.add(record)
+        self._suspects.clear()
+
     def _suspect(self, unit: Work, result: StreamResult, sent: float) -> bool:
         # Completed without usage while others ran, before the endpoint showed it sends
         # usage: a cut if it turns out to (then it is redone, see _redo_suspects).
@@ -957,11 +982,12 @@ class _Session:
     def _redo_suspects(self) -> None:
         """Usage came: the streams that completed without it while others ran were cut
         after all; they are redone (their records stay; the redo's record follows)."""
-        for key, (unit, sent, running) in self._suspects.items():
+        for key, (unit, sent, running, _) in self._suspects.items():
             final = self.finals.pop(key)
             self.counts[final.state] -= 1
             self.ran_per_model[final.model] -= 1
             self.by_key[key] = unit
+            self.relayed += 1
             self._cut(unit, sent, running)
             self._wake_submitters(unit.model.name)
         self._suspects.clear()
@@ -981,14 +1007,26 @@ class _Session:
         """What the end of the run says about cuts: what happened, what to set."""
         lines = []
         cuts = sum(self.cut_by.values())
-        if cuts:
-            lowest = self.endpoint.lowest
+        judges = sum(t.judge_cut for t in self.scoring.tallies.values()) if self.scoring else 0
+        if cuts or judges:
+            endpoint = self.endpoint
+            lowest = endpoint.lowest
+            what = " and ".join(
+                f"{n} {noun}{'s' if n != 1 else ''}" for n, noun in
+                ((cuts, "answer"), (judges, "judge request")) if n)
+            where = f" on {_shown_url(endpoint.url)}" if endpoint.url else ""
             lines.append(
-                f"the server cut {cuts} stream{'s' if cuts != 1 else ''} while others ran; "
-                f"{'they were' if cuts != 1 else 'it was'} redone at lower concurrency "
-                f"({self.endpoint.maximum} → {lowest}); set [concurrency] max = {lowest} "
-                "for this endpoint" + (f" (or --concurrency {lowest})"
-                                       if self.options.concurrency else ""))
+                f"the server cut {what} while up to {endpoint.busiest} streams ran at once"
+                f"{where}; {'they were' if cuts + judges != 1 else 'it was'} redone at lower "
+                f"concurrency ({endpoint.maximum} → {lowest}); set [concurrency] max = "
+                f"{lowest} for this endpoint" + (f" (or --concurrency {lowest})"
+                                                 if self.options.concurrency else ""))
+            if self.relayed:
+                lines.append(
+                    f"{self.relayed} of the cuts came as a normal end: a relay in front of the "
+                    "server turns cuts into finished answers, and one that also sends usage "
+                    "makes them impossible to tell from real ones; a one-slot server behind a "
+                    "relay needs [concurrency] max = 1")
             if self.still_cut:
                 lines.append(f"{self.still_cut} stream{'s were' if self.still_cut != 1 else ' was'}"
                              f" still cut after {MAX_REDOS} redos")

@@ -10,6 +10,17 @@ scoring.run(endpoint)`` sends the judges' requests through their own
 the records of a results file and closes; ``fanout batch --score`` adds each
 unit as it finishes, its runner beside the batch's fan-out in one nursery.
 
+Judge streams share the endpoint's one ``EndpointLimit`` with whoever else
+sends there (``run(endpoint, limit)``: a batch passes its own; alone, the
+runner makes one capped by ``[concurrency] max``): each judge request takes
+one of its slots, and its streams count in every stream's ``others_running``.
+A judge stream the server cut while others ran (it ended truncated, or with
+an empty answer, or completed without usage where the endpoint sends usage)
+lowers that limit and is asked again, at the front of the queue (at most
+``JUDGE_REDOS`` times): a cut verdict is never scored.  A judge model that
+ends that way with nothing else running does so on its own: its streams stop
+counting as cut.
+
 Each score is written as it is known (one line, flushed; ``fsync`` at least
 once a second and at the end).  A (unit, scorer) whose latest score in the
 file is of the same ``answer_key`` and ``scorer_key`` is *current* and is not
@@ -35,8 +46,9 @@ import trio
 from ..cli.results import work_key
 from ..config import JUDGE_CONCURRENCY, Config, ModelConfig
 from ..core.events import StreamFinished
-from ..core.result import Outcome, StreamResult
+from ..core.result import Flag, Outcome, StreamResult
 from ..fanout import Fanout, open_fanout
+from ..ratelimit import EndpointLimit
 from ..request import Deadlines, Endpoint, RetryPolicy, StreamRequest
 from .budget import Budget
 from .cost import cost_of, usage_record
@@ -44,10 +56,13 @@ from .judge import JudgeScorer
 from .scorers import BUILTIN, Answer, Score, Scorer
 from .scores import ScoresFile, answer_key, as_read_back, score_record
 
-__all__ = ["JUDGE_RETRY", "Scoring", "Selected", "Tally", "UnknownScorer", "select_scorers"]
+__all__ = ["JUDGE_REDOS", "JUDGE_RETRY", "Scoring", "Selected", "Tally", "UnknownScorer",
+           "select_scorers"]
 
 #: Judge requests are retried like batch streams: a 429 storm costs waiting, not scores.
 JUDGE_RETRY = RetryPolicy(attempts=8, maximum=30.0, retry_after_spread=0.25)
+#: How many times one judge request is asked again in one run after the server cut it.
+JUDGE_REDOS = 4
 
 
 class UnknownScorer(ValueError):
@@ -119,6 +134,7 @@ class Tally:
     unwritten: int = 0  # could not be written (the file failed)
     not_judged: int = 0  # a judge request the budget (or an interruption) kept back
     judge_failed: int = 0  # judge streams that did not complete (error scores, asked again)
+    judge_cut: int = 0  # judge streams the server cut while others ran, asked again at once
     judge_cost: float = 0.0
     judge_cost_unknown: int = 0
 
@@ -136,6 +152,9 @@ class Tally:
             line += f", {self.not_judged} not judged"
         if self.unwritten:
             line += f", {self.unwritten} not written"
+        if self.judge_cut:
+            line += f", {self.judge_cut} judge stream{'s' if self.judge_cut != 1 else ''} cut " \
+                    "by the server and asked again"
         if self.judge_cost or self.judge_cost_unknown:
             line += f"; judge cost ${self.judge_cost:.6f}"
             if self.judge_cost_unknown:
@@ -181,6 +200,12 @@ class Scoring:
                         for s in scorers if s.is_judge}
         self._serial = 0
         self._fan: Fanout | None = None
+        #: The endpoint's limit the judges share (set by ``run``).
+        self.endpoint: EndpointLimit | None = None
+        self._sent: dict[str, float] = {}  # judge key -> when its current attempt was sent
+        self._redos: Counter[str] = Counter()  # judge key -> times asked again after a cut
+        self._redoing = 0  # judge requests waiting for or running their redo
+        self._excused: set[str] = set()  # judge models that end cut-like with nothing else
         self._over_budget = False  # a judge request did not fit: no more judging this run
         self.interrupted = False
         #: ``fsync`` the scores file from ``add`` at least once a second (``fanout score``,
@@ -269,15 +294,21 @@ class Scoring:
 
     # ------------------------------------------------------------------ judges
 
-    async def run(self, endpoint: Endpoint) -> None:
+    async def run(self, endpoint: Endpoint, limit: EndpointLimit | None = None) -> None:
         """Send the judges' requests until ``close()`` and the last verdict (returns at
-        once without a judge)."""
+        once without a judge).  ``limit``: the endpoint's limit, shared with whoever else
+        sends there (a batch's answers); without it, or when it is another endpoint's
+        (its ``url``), one of its own, capped by ``[concurrency] max``."""
         if not self.has_judge:
             return
-        cap = sum(limit.total_tokens for limit in self._limits.values())
+        cap = int(sum(limit.total_tokens for limit in self._limits.values()))
+        if limit is None or limit.url not in (None, endpoint.base_url):
+            limit = EndpointLimit(self.config.max_concurrency or cap, url=endpoint.base_url)
+        self.endpoint = limit
         async with (
-            open_fanout(endpoint, accept_more=True, max_concurrency=int(cap),
-                        retry=JUDGE_RETRY, strict=self.config.strict) as fan,
+            open_fanout(endpoint, accept_more=True, max_concurrency=cap,
+                        retry=JUDGE_RETRY, strict=self.config.strict,
+                        endpoint_streams=limit.streams) as fan,
             trio.open_nursery() as nursery,
         ):
             self._fan = fan
@@ -304,8 +335,8 @@ class Scoring:
                     self.tallies[job.selected.name].not_judged += 1
                 self._queue.clear()
             if not self._queue:
-                if self._closed or self.interrupted:
-                    break
+                if (self._closed and not self._jobs) or self.interrupted:
+                    break  # (a judge in flight may come back to be asked again)
                 self._wake = trio.Event()
                 await self._wake.wait()
                 continue
@@ -314,8 +345,19 @@ class Scoring:
                 continue
             self._queue.popleft()
             limit = self._limits[job.selected.name]
-            await limit.acquire_on_behalf_of(job.key)
+            assert self.endpoint is not None
+            try:
+                await limit.acquire_on_behalf_of(job.key)
+                try:
+                    await self.endpoint.limiter.acquire_on_behalf_of(job.key)
+                except BaseException:
+                    limit.release_on_behalf_of(job.key)
+                    raise
+            except BaseException:
+                self._queue.appendleft(job)  # not sent: counted as not judged if it ends here
+                raise
             self._jobs[job.key] = job
+            self._sent[job.key] = trio.current_time()
             await fan.submit(job.request)
         fan.seal()
 
@@ -347,6 +389,11 @@ class Scoring:
         fan.forget(result.stream)
         job = self._jobs.pop(result.stream)
         self._limits[job.selected.name].release_on_behalf_of(job.key)
+        assert self.endpoint is not None
+        self.endpoint.limiter.release_on_behalf_of(job.key)
+        sent = self._sent.pop(job.key)
+        if self._redos[job.key]:
+            self._redoing -= 1
         model = job.selected.judge_model
         assert model is not None
         usage = usage_record(result.usage)
@@ -369,6 +416,24 @@ class Scoring:
             tally.not_judged += 1
             self.wake()
             return
+        if self._is_cut(model.name, result):
+            if self._redos[job.key] < JUDGE_REDOS and not self.interrupted:
+                # the server cut it for another stream: no verdict from a cut reply;
+                # asked again first, at the endpoint's lowered concurrency
+                self._redos[job.key] += 1
+                self._redoing += 1
+                tally.judge_cut += 1
+                self.endpoint.cut(sent, trio.current_time(), result.others_running + 1)
+                self._queue.appendleft(job)
+                if self.on_budget is not None and self.budget is not None:
+                    self.on_budget()
+                self.wake()
+                return
+        elif result.outcome == Outcome.COMPLETED:
+            if result.usage is not None:
+                self.endpoint.usage_seen = True
+            if not self._redoing:  # a slot back never lands on a redo's head
+                self.endpoint.succeeded()
         if result.outcome == Outcome.COMPLETED:
             score = job.selected.judge.verdict(result.text)
         else:
@@ -378,6 +443,25 @@ class Scoring:
         if self.on_budget is not None and self.budget is not None:
             self.on_budget()
         self.wake()
+
+    def _is_cut(self, name: str, result: StreamResult) -> bool:
+        """Whether the server cut this judge stream because others ran on the endpoint:
+        it ended truncated, or completed with an empty answer, or completed without usage
+        where the endpoint sends usage; and other streams ran.  The same ending with
+        nothing else running says the judge model (``name``) does it on its own."""
+        assert self.endpoint is not None
+        if result.outcome == Outcome.COMPLETED:
+            if Flag.EMPTY_ANSWER not in result.flags and (
+                    result.usage is not None or not self.endpoint.usage_seen):
+                return False
+        elif result.outcome != Outcome.TRUNCATED:
+            return False
+        if name in self._excused:
+            return False
+        if not result.others_running:
+            self._excused.add(name)
+            return False
+        return True
 
 
 def _read_back(fields: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -18,7 +18,10 @@ It never quotes the answer back, so what the answer says cannot become its
 verdict.  ``mock/judge-garbage`` answers a paragraph with no verdict in it (the
 judge scorer must call that an ``error``).  Both stream like ``mock/fast``
 (``:SECONDS`` between chunks, usage when asked, ``max_tokens`` cuts) and answer
-without streaming too.
+without streaming too.  ``slot/judge`` gives ``mock/judge``'s verdicts in the
+one slot of the ``slot/*`` models (a llama.cpp serving answers and judges
+alike): a new ``slot/*`` request cuts it (``[DONE]``, no finish reason), and
+it cuts the stream that held the slot.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from ..eval._text import Normalise
 from ..eval.judge import BEGIN, END
 from .corpus import cut, rng_for
 from .models import (
+    CHAT_ONLY,
     SSE_HEADERS,
     Context,
     ModelSpec,
@@ -38,6 +42,7 @@ from .models import (
     _completion,
     _limit,
     _own_pauses,
+    _slot,
     _stream,
 )
 from .plans import ChatRequest, Plan
@@ -92,15 +97,20 @@ def judge_reply(prompt: str) -> str:
     return "The expected answer does not occur in the answer.\nGRADE: FAIL"
 
 
+def _choices(request: ChatRequest, text: str) -> list[_Choice]:
+    """``text`` as each of the request's choices, cut into tokens (``max_tokens`` obeyed)."""
+    answers = []
+    for index in range(request.n):
+        rng = rng_for(request.seed, request.name, request.prompt, index)
+        choice = _Choice(parts=[("content", piece) for piece in cut(rng, text)])
+        _limit(choice, request, len(choice.parts))
+        answers.append(choice)
+    return answers
+
+
 def _replying(reply: Callable[[ChatRequest], str]) -> Callable[[ChatRequest, Context], Plan]:
     def plan(request: ChatRequest, context: Context) -> Plan:
-        text = reply(request)
-        answers = []
-        for index in range(request.n):
-            rng = rng_for(request.seed, request.name, request.prompt, index)
-            choice = _Choice(parts=[("content", piece) for piece in cut(rng, text)])
-            _limit(choice, request, len(choice.parts))
-            answers.append(choice)
+        answers = _choices(request, reply(request))
         if not request.stream:
             return _completion(request, answers)
         return Plan(200, SSE_HEADERS, steps=_stream(request, answers,
@@ -115,4 +125,9 @@ JUDGE_MODELS: dict[str, ModelSpec] = {spec.id: spec for spec in [
               _replying(lambda request: judge_reply(request.prompt))),
     ModelSpec("mock/judge-garbage", "answers a judge prompt with prose and no verdict",
               _replying(lambda request: GARBAGE)),
+    ModelSpec("slot/judge", "mock/judge in the one slot of slot/*: a new slot/* request cuts "
+              "it ([DONE], no finish_reason), it cuts the stream that held the slot "
+              "(:SECONDS between chunks, default 0.02)",
+              _slot("clean", lambda request: _choices(request, judge_reply(request.prompt))),
+              CHAT_ONLY),
 ]}

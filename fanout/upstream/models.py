@@ -640,13 +640,14 @@ def _empty_200(request: ChatRequest, context: Context) -> Plan:
 
 # ---------------------------------------------------------------- one slot (llama.cpp)
 
-def _slot(cut: str) -> Callable[[ChatRequest, Context], Plan]:
-    """``slot/<cut>``: mock text, at ``:SECONDS`` (default 0.02) between chunks, in the
-    server's one slot.  Taking the slot cuts the stream that held it, the ``cut`` way
-    of *that* stream's model."""
+def _slot(cut: str, answer: Callable[[ChatRequest], list[_Choice]] | None = None
+          ) -> Callable[[ChatRequest, Context], Plan]:
+    """``slot/<cut>``: mock text (or ``answer``'s choices), at ``:SECONDS`` (default 0.02)
+    between chunks, in the server's one slot.  Taking the slot cuts the stream that held
+    it, the ``cut`` way of *that* stream's model."""
     def plan(request: ChatRequest, context: Context) -> Plan:
         ticket = context.slot.take()
-        answers = _answer(request, "text")
+        answers = _answer(request, "text") if answer is None else answer(request)
         if not request.stream:
             context.slot.release(ticket)  # answered at once: the slot is free again
             return _completion(request, answers)
@@ -665,14 +666,16 @@ def _slot_stream(request: ChatRequest, answers: list[_Choice], pauses: Iterator[
     due: Iterator[tuple[float, bytes]] = itertools.chain(
         [(0.0, chunks.role(len(answers)))],
         ((next(pauses), chunks.part(index, part)) for index, part in _interleaved(answers)))
+    sent = -1  # parts sent (the role chunk is none)
     for pause, data in due:
         if pause:
             yield Pause(pause)
         if not slot.holds(ticket):
             slot.cuts += 1
-            yield from _slot_cut(cut, chunks, len(answers))
+            yield from _slot_cut(cut, chunks, request, len(answers), sent)
             return
         yield Send(data)
+        sent += 1
     slot.release(ticket)  # generation is over: what is left is sent whatever comes in
     yield Send(chunks.finish(answers))
     if request.include_usage:
@@ -680,7 +683,17 @@ def _slot_stream(request: ChatRequest, answers: list[_Choice], pauses: Iterator[
     yield Send(DONE)
 
 
-def _slot_cut(cut: str, chunks: _Chunks, count: int) -> Iterator[Step]:
+def _slot_cut(cut: str, chunks: _Chunks, request: ChatRequest, count: int, sent: int
+              ) -> Iterator[Step]:
+    if cut == "litellm":  # LiteLLM in front: a finish, usage, [DONE], as a real end sends
+        yield Send(chunks.finish([_Choice() for _ in range(count)]))
+        if request.include_usage:
+            yield Send(chunks.event([], {"prompt_tokens": request.prompt_tokens,
+                                         "completion_tokens": sent,
+                                         "total_tokens": request.prompt_tokens + sent,
+                                         "completion_tokens_details": {"reasoning_tokens": 0}}))
+        yield Send(DONE)
+        return
     if cut == "relay":  # a LiteLLM-style relay in front turns the cut into a finished answer
         yield Send(chunks.event([{"index": i, "delta": {}, "finish_reason": "stop"}
                                  for i in range(count)]))
@@ -1186,6 +1199,9 @@ MODELS: dict[str, ModelSpec] = {spec.id: spec for spec in [
               _slot("broken"), CHAT_ONLY),
     ModelSpec("slot/relay", "as slot/clean behind a LiteLLM-style relay: the cut becomes "
               "finish_reason stop, then [DONE]", _slot("relay"), CHAT_ONLY),
+    ModelSpec("slot/litellm", "as slot/clean behind LiteLLM: the cut becomes finish_reason "
+              "stop, usage (when asked) and [DONE], byte for byte a finished answer",
+              _slot("litellm"), CHAT_ONLY),
     ModelSpec("fault/empty-stop", "the role chunk, then finish_reason stop with no content",
               _empty_stop),
     ModelSpec("fault/echo-key", "echoes the bearer token back (:WHERE: stream-error, "

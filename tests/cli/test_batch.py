@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -517,13 +518,98 @@ def test_a_single_slot_server_still_completes_every_unit(tmp_path: Path, cut: st
         assert {r["reason"] for r in redone} == {
             "[DONE] arrived but no choice had a finish reason (the server cut the stream)"}
     assert max(r["redo"] for r in final.values()) >= 1
-    line = next(line for line in err.splitlines() if "while others ran" in line)
-    assert line == (f"fanout batch: the server cut {len(every) - 40} streams while others "
-                    "ran; they "
-                    "were redone at lower concurrency (4 → 1); set [concurrency] max = 1 for "
-                    "this endpoint (or --concurrency 1)")
+    lines = err.splitlines()
+    line = next(line for line in lines if "streams ran at once" in line)
+    # the endpoint and the most streams that ran on it when one was cut are named
+    assert re.fullmatch(
+        rf"fanout batch: the server cut {len(every) - 40} answers while up to [234] streams "
+        r"ran at once on http://127\.0\.0\.1:\d+/v1; they were redone at lower concurrency "
+        r"\(4 → 1\); set \[concurrency\] max = 1 for this endpoint \(or --concurrency 1\)",
+        line), line
+    relayed = [line for line in lines if "came as a normal end" in line]
+    if cut == "relay":  # cuts a relay turned into finished answers: the relay is named
+        assert relayed == [
+            f"fanout batch: {len(every) - 40} of the cuts came as a normal end: a relay in front of "
+            "the server turns cuts into finished answers, and one that also sends usage makes "
+            "them impossible to tell from real ones; a one-slot server behind a relay needs "
+            "[concurrency] max = 1"]
+    else:
+        assert relayed == []
     assert "not completed" not in err
     assert all(f" m{i} " in out for i in range(4))  # the summary
+
+
+def _one_slot_judged(tmp_path: Path, answers: str, cadence: float, extra: str = "") -> Path:
+    # Two answer models and a judge model on one llama.cpp-like slot: whoever sends
+    # the next request cuts the stream the slot serves, answer or judge.
+    config = tmp_path / "slot.toml"
+    config.write_text(
+        '[endpoint]\nbase_url = "embedded"\n[deadlines]\nidle = 5\ntotal = 60\n' + extra
+        + "".join(f'[[models]]\nname = "m{i}"\nid = "slot/{answers}:{cadence}"\n'
+                  'params = { max_tokens = 10 }\n' for i in range(2))
+        + f'[[models]]\nname = "judge"\nid = "slot/judge:{cadence}"\n'
+        + '[[scorers]]\nname = "judged"\nkind = "judge"\nmodel = "judge"\nconcurrency = 2\n')
+    return config
+
+
+@pytest.mark.parametrize("cadence", [0.003, 0.005, 0.008])
+def test_answers_and_judges_on_one_slot_share_its_limit(tmp_path: Path, cadence: float) -> None:
+    # The judge's streams cut answers and answers cut judges: each is counted as a
+    # stream running on the endpoint, so a cut answer is redone (before it is judged)
+    # and a cut judge is asked again (never scored), at the endpoint's lowered limit.
+    from fanout.eval.scores import answer_key, read_scores, scores_path
+    config = _one_slot_judged(tmp_path, "clean", cadence)
+    prompts = prompts_file(tmp_path, 10)
+    output = str(tmp_path / "results.jsonl")
+    status, out, err = batch(prompts, output, str(config), "m0", "m1", concurrency=4,
+                             scorers=("judged",))
+    assert status == 0, err
+    final = latest(output)
+    assert len(final) == 20
+    assert all(r["outcome"] == "completed" and not r["cut"]
+               and r["usage"]["completion_tokens"] == 10 for r in final.values()), err
+    scores = read_scores(scores_path(output))
+    assert {key for key, _ in scores} == set(final)
+    for (key, _), score in scores.items():
+        # each verdict is the judge's whole reply, about the answer that stands
+        assert score["status"] == "scored" and score["judge"]["outcome"] == "completed", score
+        assert score["judge"]["text"].rstrip().endswith(("GRADE: PASS", "GRADE: FAIL"))
+        assert score["answer_key"] == answer_key(final[key])
+    cut_answers = len(records(output)) - 20
+    line = next(line for line in err.splitlines() if "streams ran at once" in line)
+    assert re.fullmatch(r"fanout batch: the server cut (\d+ answers?)?( and )?(\d+ judge "
+                        r"requests?)? while up to \d+ streams ran at once on http://\S+/v1; .*",
+                        line), line
+    said = re.search(r"(\d+) answers?", line.split(" while ")[0])
+    assert (int(said[1]) if said else 0) == cut_answers
+    judge_cuts = re.search(r"(\d+) judge requests?", line)
+    tally = next(line for line in out.splitlines() if line.startswith("judged: "))
+    assert re.match(r"judged: 20 new \(20 scored, \d+ passed, 0 unscored, 0 error\), 0 current"
+                    + (f", {judge_cuts[1]} judge streams? cut by the server and asked again;"
+                       if judge_cuts else ";"), tally), tally
+
+
+@pytest.mark.parametrize("cadence", [0.003, 0.008])
+def test_a_relay_that_hides_cuts_is_met_by_capping_the_endpoint(tmp_path: Path,
+                                                                 cadence: float) -> None:
+    # slot/litellm: a cut comes as finish_reason "stop", usage and [DONE], byte for byte
+    # a finished answer; nothing can tell it.  [concurrency] max = 1 caps the endpoint
+    # for answers and judges alike: one stream at a time, nothing is cut.
+    from fanout.eval.scores import read_scores, scores_path
+    config = _one_slot_judged(tmp_path, "litellm", cadence, "[concurrency]\nmax = 1\n")
+    prompts = prompts_file(tmp_path, 10)
+    output = str(tmp_path / "results.jsonl")
+    status, out, err = batch(prompts, output, str(config), "m0", "m1", scorers=("judged",))
+    assert status == 0, err
+    every = records(output)
+    assert len(every) == 20  # nothing was cut, nothing redone
+    assert all(r["outcome"] == "completed" and r["usage"]["completion_tokens"] == 10
+               and r["others_running"] == 0 for r in every)
+    scores = read_scores(scores_path(output))
+    assert len(scores) == 20 and all(
+        s["status"] == "scored" and s["judge"]["text"].rstrip().endswith(
+            ("GRADE: PASS", "GRADE: FAIL")) for s in scores.values())
+    assert "ran at once" not in err and "cut by the server" not in out
 
 
 # ---------------------------------------------------------------- the first run

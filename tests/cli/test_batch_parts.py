@@ -15,7 +15,6 @@ from trio.testing import MockClock
 from fanout import ChoiceResult, Flag, Outcome, StreamResult, Usage
 from fanout.cli.batch import _Final, is_done, not_completed, plan_work
 from fanout.cli.prompts import PromptFileError, load_prompts
-from fanout.cli.ratelimit import AdaptiveLimit, EndpointLimit
 from fanout.cli.report import _percentile, model_summary
 from fanout.cli.results import (
     ResultsFile,
@@ -26,6 +25,7 @@ from fanout.cli.results import (
     work_key,
 )
 from fanout.config import parse_config
+from fanout.ratelimit import AdaptiveLimit, EndpointLimit
 
 CONFIG = parse_config("[endpoint]\nbase_url = 'embedded'\n"
                       "[[models]]\nname = 'a'\nid = 'mock/fast'\n"
@@ -443,7 +443,7 @@ class _Fan:
 
 
 def _session(tmp_path: Path, *, accept_empty: bool = False, prompts: int = 4,
-             concurrency: int = 8) -> tuple[Any, list[Any]]:
+             concurrency: int = 8, scoring: Any = None) -> tuple[Any, list[Any]]:
     from fanout.cli.batch import BatchOptions, _Session
     tmp_path.mkdir(exist_ok=True)
     lines = [json.dumps({"id": f"q{i}", "prompt": f"p{i}"}) for i in range(prompts)]
@@ -452,7 +452,8 @@ def _session(tmp_path: Path, *, accept_empty: bool = False, prompts: int = 4,
     writer = ResultsFile(tmp_path / "r.jsonl")
     options = BatchOptions(prompts="p", output="r", concurrency=concurrency,
                            accept_empty=accept_empty)
-    return _Session(CONFIG, options, work, writer, Console(file=io.StringIO())), work
+    return _Session(CONFIG, options, work, writer, Console(file=io.StringIO()),
+                    scoring=scoring), work
 
 
 def _send(session: Any, unit: Any) -> None:
@@ -500,8 +501,13 @@ async def test_a_cut_while_others_ran_is_redone_first_and_lowers_the_endpoint(
     assert (record["cut"], record["redo"], record["outcome"]) == (False, 1, "completed")
     assert session.counts == {"completed": 4} and session.redone == 2
     assert session.cut_lines() == [
-        "the server cut 2 streams while others ran; they were redone at lower concurrency "
-        "(8 → 4); set [concurrency] max = 4 for this endpoint (or --concurrency 4)"]
+        "the server cut 2 answers while up to 8 streams ran at once; they were redone at lower "
+        "concurrency (8 → 4); set [concurrency] max = 4 for this endpoint (or --concurrency 4)"]
+    # the endpoint is named, without what its URL may carry beside the address
+    session.endpoint.url = "http://user:secret@relay.example:4000/v1?token=abc"
+    assert session.cut_lines()[0].startswith(
+        "the server cut 2 answers while up to 8 streams ran at once on "
+        "http://relay.example:4000/v1; they were redone")
 
 
 async def test_a_unit_is_redone_at_most_max_redos_times(tmp_path: Path) -> None:
@@ -560,6 +566,46 @@ async def test_a_relay_that_drops_usage_on_a_cut(tmp_path: Path) -> None:
     assert _end(session, first, Outcome.COMPLETED, others=0, usage=False)["cut"] is False
     _send(session, third)
     assert _end(session, third, Outcome.COMPLETED, others=3, usage=False)["cut"] is False
+
+
+class _Scoring:
+    """What a session asks of its scoring: the records it is given to score."""
+
+    def __init__(self) -> None:
+        self.added: list[tuple[str, int]] = []
+        self.tallies: dict[str, Any] = {}
+        self.on_budget: Any = None
+
+    def add(self, record: dict[str, Any]) -> None:
+        self.added.append((record["id"], record["redo"]))
+
+
+async def test_a_suspect_answer_is_judged_only_once_known_not_cut(tmp_path: Path) -> None:
+    scoring = _Scoring()
+    session, work = _session(tmp_path, scoring=scoring)
+    first, second, third = work[0], work[1], work[2]
+    for unit in (first, second, third):
+        _send(session, unit)
+    # Completed without usage while others ran, before usage was seen: not scored yet.
+    _end(session, first, Outcome.COMPLETED, others=2, usage=False)
+    assert scoring.added == []
+    # Usage came: it was cut, and is redone; only the redo's answer is scored.
+    _end(session, second, Outcome.COMPLETED, others=1)
+    assert scoring.added == [("q0", 0)]  # second's (prompt q0, model b)
+    _end(session, third, Outcome.COMPLETED, others=1, usage=False)  # a cut now: not scored
+    assert scoring.added == [("q0", 0)]
+    _send(session, first)
+    _end(session, first, Outcome.COMPLETED, others=0)
+    assert scoring.added == [("q0", 0), ("q0", 1)]
+    # A suspect that turns out to stand (a stream completes without usage alone) is scored.
+    session2, work2 = _session(tmp_path / "two", scoring=(scoring2 := _Scoring()))
+    a, b = work2[0], work2[1]
+    _send(session2, a)
+    _send(session2, b)
+    _end(session2, a, Outcome.COMPLETED, others=1, usage=False)
+    assert scoring2.added == []
+    _end(session2, b, Outcome.COMPLETED, others=0, usage=False)  # this endpoint sends none
+    assert scoring2.added == [("q0", 0), ("q0", 0)]
 
 
 def test_a_model_that_fails_the_same_way_beside_refused_requests_gets_no_advice() -> None:

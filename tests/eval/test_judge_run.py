@@ -260,3 +260,76 @@ async def test_a_judge_in_another_dialect_grades_the_same(tmp_path: Path, api: s
                         work_key("either", "writer", 0): ("scored", True),
                         work_key("cut", "writer", 0): ("unscored", None)}
     assert upstream.stats.routes == {api: 3}  # /v1/responses or /v1/messages, none else
+
+
+# ------------------------------------------------------------ one slot, judges alone
+
+def _slot_judges(upstream: RunningUpstream, cadence: float, extra: str = "") -> Any:
+    return parse_config(f'[endpoint]\nbase_url = "{upstream.base_url}"\n{extra}'
+                        f'[[models]]\nname = "judge"\nid = "slot/judge:{cadence}"\n'
+                        '[[scorers]]\nname = "judged"\nkind = "judge"\nmodel = "judge"\n'
+                        'concurrency = 4\n', "t.toml")
+
+
+SLOT_RECORDS = [_record(f"q{i}", f"The answer is {'Paris' if i % 2 else 'Lyon'}.",
+                        expected="Paris") for i in range(8)]
+
+
+async def _score_all(config: Any, upstream: RunningUpstream, path: Path) -> Scoring:
+    writer = ScoresFile(path)
+    try:
+        scoring = Scoring(config, select_scorers(config, ("judged",)), writer)
+        for record in SLOT_RECORDS:
+            scoring.add(record)
+        scoring.close()
+        await scoring.run(Endpoint(upstream.base_url))
+    finally:
+        writer.close()
+    return scoring
+
+
+@pytest.mark.parametrize("cadence", [0.002, 0.005, 0.01])
+async def test_a_judge_the_server_cut_is_asked_again_never_scored(
+        tmp_path: Path, upstream: RunningUpstream, cadence: float) -> None:
+    # Four judge requests at once on one slot: each new one cuts the one being served.
+    # A cut reply is no verdict: it is asked again, at the endpoint's lowered limit.
+    path = tmp_path / "s.jsonl"
+    scoring = await _score_all(_slot_judges(upstream, cadence), upstream, path)
+    tally = scoring.tallies["judged"]
+    assert upstream.context.slot.cuts >= 1
+    assert tally.statuses == {"scored": 8} and tally.judge_failed == 0
+    assert tally.judge_cut == upstream.context.slot.cuts  # every cut was seen, and asked again
+    assert upstream.stats.requests["slot/judge:" + str(cadence)] == 8 + tally.judge_cut
+    verdicts = {k[0]: s["passed"] for k, s in read_scores(path).items()}
+    assert verdicts == {work_key(f"q{i}", "writer", 0): bool(i % 2) for i in range(8)}
+    assert scoring.endpoint is not None and scoring.endpoint.lowest < 4
+    assert f", {tally.judge_cut} judge stream" in tally.line("judged")
+
+
+async def test_the_endpoint_cap_holds_for_judges(tmp_path: Path,
+                                                 upstream: RunningUpstream) -> None:
+    # [concurrency] max caps the endpoint, whoever sends: judges too (one slot, no cut).
+    config = _slot_judges(upstream, 0.002, "[concurrency]\nmax = 1\n")
+    scoring = await _score_all(config, upstream, tmp_path / "s.jsonl")
+    assert upstream.context.slot.cuts == 0
+    assert scoring.tallies["judged"].statuses == {"scored": 8}
+    assert scoring.tallies["judged"].judge_cut == 0
+
+
+async def test_the_limit_shared_is_the_endpoint_s_own(tmp_path: Path,
+                                                     upstream: RunningUpstream) -> None:
+    # One limit per endpoint: a limit for another base URL is not taken; this one is.
+    from fanout.ratelimit import EndpointLimit
+    config = _slot_judges(upstream, 0.0)
+    for url, shared in (("http://127.0.0.1:9/v1", False), (upstream.base_url, True)):
+        limit = EndpointLimit(1, url=url)
+        writer = ScoresFile(tmp_path / "s.jsonl")
+        try:
+            scoring = Scoring(config, select_scorers(config, ("judged",)), writer, rescore=True)
+            scoring.add(SLOT_RECORDS[0])
+            scoring.close()
+            await scoring.run(Endpoint(upstream.base_url), limit)
+        finally:
+            writer.close()
+        assert (scoring.endpoint is limit) is shared
+        assert scoring.tallies["judged"].statuses == {"scored": 1}

@@ -10,8 +10,11 @@ that model.
 
 ``EndpointLimit``, one for the whole endpoint: a server with one generation
 slot (llama.cpp) cuts the stream it is serving when another request
-arrives, whatever model name the request uses, so the signal belongs to the
-endpoint.  A cut halves the endpoint's concurrency, at most once per
+arrives, whatever model name the request uses and whoever sends it, so the
+signal belongs to the endpoint.  One object serves every sender on it (a
+batch's answers and its judges): each acquires ``limiter`` before it submits,
+and passes ``streams`` to its ``open_fanout`` so that ``others_running`` counts
+them all.  A cut halves the endpoint's concurrency, at most once per
 generation (only a stream submitted after the last decrease can lower it
 again: the streams already in flight when it came down are the same burst);
 after a cut, giving a slot back takes more successes each time (a probe that
@@ -23,6 +26,8 @@ from __future__ import annotations
 import math
 
 import trio
+
+from .fanout import EndpointStreams
 
 __all__ = ["AdaptiveLimit", "EndpointLimit"]
 
@@ -92,14 +97,25 @@ class EndpointLimit:
     ``now`` while ``running`` streams ran (itself included).  ``succeeded()``:
     a stream completed.  ``reset()``: the cuts were not the server's doing after
     all; back to the maximum.
+
+    ``url``: the endpoint's base URL (what a summary names).  ``streams``: the
+    streams running on it, for ``open_fanout(endpoint_streams=...)``.
+    ``usage_seen``: a stream of this endpoint completed with usage (so one that
+    completes without it while others run was cut by a relay that drops usage).
+    ``busiest``: the most streams that ran at once (the cut one included) when a
+    cut came.
     """
 
-    def __init__(self, maximum: int, *, probe: int = 8) -> None:
+    def __init__(self, maximum: int, *, probe: int = 8, url: str | None = None) -> None:
         if maximum < 1 or probe < 1:
             raise ValueError(f"need maximum >= 1 and probe >= 1, not {maximum}, {probe}")
         self.maximum = maximum
+        self.url = url
         self.limiter = trio.CapacityLimiter(maximum)
+        self.streams = EndpointStreams()
+        self.usage_seen = False
         self.lowest = maximum
+        self.busiest = 0
         self.cuts = 0  # cut signals seen
         self.decreases = 0
         self._first_probe = probe
@@ -118,6 +134,7 @@ class EndpointLimit:
     def cut(self, started: float, now: float, running: int) -> bool:
         """A cut; returns whether it lowered the limit (a new generation's cut)."""
         self.cuts += 1
+        self.busiest = max(self.busiest, running)
         self._successes = 0
         if started < self._last_decrease:
             return False  # in flight before the last decrease: the same burst
