@@ -35,6 +35,10 @@ A config is TOML (read with the stdlib ``tomllib``)::
     max_fanouts = 64                        # fan-outs running at once (429 past it)
     retry_after = 1                         # seconds, in a 429's Retry-After
     keepalive = 15                          # seconds of silence before a ": keep-alive"
+    head_timeout = 10                       # seconds for a request's head (then 408, closed)
+    body_timeout = 10                       # seconds for its body, plus 1 s per body_min_rate
+    body_min_rate = 1000                    #   bytes received
+    max_reading_connections = 256           # connections read at once (past it: the oldest closed)
 
     [[models]]
     name = "fast"                           # what -m and the results call it
@@ -187,6 +191,15 @@ class ServeConfig:
     ``max_streams`` = models x samples x n) and the service
     (``max_fanouts`` running at once; past it a 429 with ``retry_after``).
     ``keepalive``: seconds without data before an SSE comment is sent.
+
+    Reading a request is bounded (``fanout.serve.reading``): its head must be whole
+    within ``head_timeout`` seconds of the connection opening (or of the previous
+    response's end on a kept-alive connection); its body gets ``body_timeout``
+    seconds plus one more for every ``body_min_rate`` bytes received.  Past either,
+    the connection is closed (after a 408 when some of the request arrived and no
+    response was started).  At most ``max_reading_connections`` connections are
+    read at once (waiting for or reading a head or body): one more closes the one
+    read the longest.
     """
 
     keys_env: str | None = None
@@ -198,6 +211,10 @@ class ServeConfig:
     max_fanouts: int = 64
     retry_after: int = 1
     keepalive: float = 15.0
+    head_timeout: float = 10.0
+    body_timeout: float = 10.0
+    body_min_rate: int = 1000
+    max_reading_connections: int = 256
 
 
 @final
@@ -552,6 +569,14 @@ class _Checker:
             raise self.fail(f"{where} keepalive",
                             f"must be a number of seconds > 0, not {_kind(keepalive)}")
 
+        def seconds(key: str, default: float) -> float:
+            value = table.get(key, default)
+            if isinstance(value, bool) or not isinstance(value, int | float) or (
+                    not math.isfinite(value) or value <= 0):
+                raise self.fail(f"{where} {key}",
+                                f"must be a number of seconds > 0, not {_kind(value)}")
+            return float(value)
+
         def count(key: str, default: int) -> int:
             value = self.count(table, key, where)
             return default if value is None else value
@@ -562,7 +587,12 @@ class _Checker:
             max_streams=count("max_streams", defaults.max_streams),
             max_fanouts=count("max_fanouts", defaults.max_fanouts),
             retry_after=count("retry_after", defaults.retry_after),
-            keepalive=float(keepalive))
+            keepalive=float(keepalive),
+            head_timeout=seconds("head_timeout", defaults.head_timeout),
+            body_timeout=seconds("body_timeout", defaults.body_timeout),
+            body_min_rate=count("body_min_rate", defaults.body_min_rate),
+            max_reading_connections=count("max_reading_connections",
+                                          defaults.max_reading_connections))
 
     def model(self, raw: Any, number: int) -> ModelConfig:
         where = f"[[models]] #{number}"

@@ -24,6 +24,7 @@ from ..net.transport import make_client
 from ..request import Endpoint
 from .errors import ApiError
 from .keys import ServiceKeys
+from .reading import Readers
 
 __all__ = ["SHUTDOWN_REASON", "RunningFanout", "Service", "open_service"]
 
@@ -102,6 +103,8 @@ class Service:
         self.fanouts: dict[str, RunningFanout] = {}
         self.outcomes: Counter[str] = Counter()
         self.rejected: Counter[str] = Counter()
+        #: The connections being read, set by ``serve_app`` (``None`` until it runs).
+        self.readers: Readers | None = None
         self.fanouts_total = 0
         self.streams_total = 0
         self.closing = False
@@ -166,9 +169,16 @@ class Service:
                        "outcomes": {str(o): self.outcomes.get(str(o), 0) for o in Outcome}},
             "rejected": {name: self.rejected.get(name, 0)
                          for name in ("unauthorized", "bad_request", "too_large", "busy")},
+            "reading": {"connections": len(self.readers) if self.readers else 0,
+                        "closed": dict(self.readers.closed) if self.readers else
+                        {"head_timeout": 0, "body_timeout": 0, "too_many": 0}},
             "limits": {"max_fanouts": limits.max_fanouts, "max_streams": limits.max_streams,
                        "max_body_bytes": limits.max_body_bytes,
-                       "retry_after": limits.retry_after, "keepalive": limits.keepalive},
+                       "retry_after": limits.retry_after, "keepalive": limits.keepalive,
+                       "head_timeout": limits.head_timeout,
+                       "body_timeout": limits.body_timeout,
+                       "body_min_rate": limits.body_min_rate,
+                       "max_reading_connections": limits.max_reading_connections},
         }
 
 
