@@ -58,9 +58,13 @@ async def client(port: int, phase: str, closed: list[int], stop: trio.Event) -> 
         done = trio.Event()
 
         async def watch() -> None:
+            first = b""
             try:
-                while await stream.receive_some(65536):
-                    pass
+                while data := await stream.receive_some(65536):
+                    first = first or data
+                    if first.startswith(b"HTTP/1.1 408"):
+                        closed[2] += 1
+                        first = b" "
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
             closed[0] += 1  # the server closed it (or answered and closed)
@@ -83,7 +87,7 @@ async def client(port: int, phase: str, closed: list[int], stop: trio.Event) -> 
 
 
 async def main(args: argparse.Namespace, pid: int, port: int) -> None:
-    closed = [0, 0]
+    closed = [0, 0, 0]  # closed by the server, never connected, 408s received
     stop = trio.Event()
     started = time.monotonic()
     print(f"{0:5.1f} s: server fds {descriptors(pid)} (before any client)", flush=True)
@@ -93,7 +97,8 @@ async def main(args: argparse.Namespace, pid: int, port: int) -> None:
         while (elapsed := time.monotonic() - started) < args.seconds:
             await trio.sleep(args.every)
             print(f"{elapsed + args.every:5.1f} s: server fds {descriptors(pid)}, "
-                  f"connections the server closed {closed[0]} of {args.clients}"
+                  f"connections the server closed {closed[0]} of {args.clients} "
+                  f"({closed[2]} after a 408)"
                   + (f" ({closed[1]} never connected)" if closed[1] else ""), flush=True)
         stop.set()
         nursery.cancel_scope.cancel()

@@ -74,6 +74,8 @@ class Connection:
         self.sent = False
         self.why: str | None = None
         self._tail = b""  # the last bytes of the head so far: where its end may start
+        #: What ends the task serving the connection (the server sets it).
+        self.cancel_scope = trio.CancelScope()
         # The reads waiting now: the server's (of the stream), the app's (of the body).
         self._scopes: dict[Phase, trio.CancelScope] = {}
 
@@ -85,10 +87,11 @@ class Connection:
         self.received = 0
         self.sent = False
         self._tail = b""
-        self.deadline = {"head": self.began + limits.head_timeout,
-                         "body": self.began + limits.body_timeout}.get(phase, math.inf)
+        self.deadline = -math.inf if self.why is not None else {
+            "head": self.began + limits.head_timeout,
+            "body": self.began + limits.body_timeout}.get(phase, math.inf)
         self._move_deadlines()
-        if phase == "busy":
+        if phase == "busy" or self.why is not None:  # closed: not to be read again
             self.readers.done(self)
         else:
             self.readers.reading(self)
@@ -135,10 +138,12 @@ class Readers:
     """The connections being read, oldest first; at most ``max_reading_connections``.
     ``closed`` counts those closed for a deadline or the cap, by reason."""
 
+    CLOSED = ("head_timeout", "body_timeout", "too_many")
+
     def __init__(self, limits: ServeConfig) -> None:
         self.limits = limits
         self._reading: dict[Connection, None] = {}  # in order of their phase's start
-        self.closed = {"head_timeout": 0, "body_timeout": 0, "too_many": 0}
+        self.closed = dict.fromkeys(self.CLOSED, 0)
 
     def __len__(self) -> int:
         return len(self._reading)
@@ -206,6 +211,10 @@ class ReadingStream(trio.abc.HalfCloseableStream):
                 await self._stream.send_all(TIMEOUT_408 % (len(text), text))
         connection.sent = True  # nothing more: what Hypercorn sends now is dropped
         self._closed = True
+        # Closed now, and the task serving it ended: Hypercorn would wait for its own
+        # keep-alive timer first.
+        await self._stream.aclose()
+        connection.cancel_scope.cancel()
         raise trio.BrokenResourceError(why)
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:

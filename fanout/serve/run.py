@@ -93,7 +93,8 @@ async def serve_app(service: Service, host: str, port: int, *,
     async def connection(stream: trio.SocketStream) -> None:
         reading = readers.open()
         CURRENT.set(reading)  # this task's context, and so its app tasks'
-        await TCPServer(app, config, context, {}, cast(Any, ReadingStream(stream, reading)))
+        with reading.cancel_scope:
+            await TCPServer(app, config, context, {}, cast(Any, ReadingStream(stream, reading)))
 
     async with trio.open_nursery() as connections:
         async with trio.open_nursery() as accepting:

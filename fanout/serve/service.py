@@ -169,9 +169,7 @@ class Service:
                        "outcomes": {str(o): self.outcomes.get(str(o), 0) for o in Outcome}},
             "rejected": {name: self.rejected.get(name, 0)
                          for name in ("unauthorized", "bad_request", "too_large", "busy")},
-            "reading": {"connections": len(self.readers) if self.readers else 0,
-                        "closed": dict(self.readers.closed) if self.readers else
-                        {"head_timeout": 0, "body_timeout": 0, "too_many": 0}},
+            "reading": self._reading(),
             "limits": {"max_fanouts": limits.max_fanouts, "max_streams": limits.max_streams,
                        "max_body_bytes": limits.max_body_bytes,
                        "retry_after": limits.retry_after, "keepalive": limits.keepalive,
@@ -180,6 +178,12 @@ class Service:
                        "body_min_rate": limits.body_min_rate,
                        "max_reading_connections": limits.max_reading_connections},
         }
+
+
+    def _reading(self) -> dict[str, Any]:
+        if self.readers is None:
+            return {"connections": 0, "closed": dict.fromkeys(Readers.CLOSED, 0)}
+        return {"connections": len(self.readers), "closed": dict(self.readers.closed)}
 
 
 @asynccontextmanager
