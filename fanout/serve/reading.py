@@ -26,7 +26,9 @@ A connection is in one of three phases: ``head`` (deadline kept by the stream),
 ``body`` (deadline kept by the app's reads) and ``busy`` (the app has the whole
 request: not being read, not counted).  The phases move with what the two ends
 see: the end of a head in the bytes, the app called, the body's last part, the
-app's return.
+app's return.  This is for HTTP/1: an HTTP/2 connection (prior knowledge, cleartext)
+leaves the count once its first request reaches the app, and is bounded by
+Hypercorn's own settings only.
 """
 
 from __future__ import annotations
@@ -255,7 +257,14 @@ class ReadDeadlines:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         connection = CURRENT.get()
-        if connection is None or scope["type"] != "http":
+        if connection is not None and (scope["type"] != "http"
+                                       or scope.get("http_version") not in ("1.0", "1.1")):
+            # HTTP/2 (prior knowledge): requests share the connection, so no one of them
+            # may move its phases (Hypercorn's HTTP/2 flow control applies); a WebSocket:
+            # not read as a request.
+            connection.begin("busy")
+            connection = None
+        if connection is None:
             await self.app(scope, receive, send)
             return
         connection.begin("body" if _has_body(scope) else "busy")
