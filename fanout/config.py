@@ -37,6 +37,10 @@ A config is TOML (read with the stdlib ``tomllib``)::
     keepalive = 15                          # seconds of silence before a ": keep-alive"
     replica = "eu-1"                        # names this replica (its fan-out ids, headers);
                                             # default: host name and port, "web1-8080"
+    head_timeout = 10                       # seconds for a request's head (then 408, closed)
+    body_timeout = 10                       # seconds for its body, plus 1 s per body_min_rate
+    body_min_rate = 1000                    #   bytes received
+    max_reading_connections = 256           # connections read at once (past it: the oldest closed)
 
     [[models]]
     name = "fast"                           # what -m and the results call it
@@ -194,6 +198,15 @@ class ServeConfig:
     ``replica``: this process's name among replicas behind a load balancer
     (``REPLICA_NAME``: letters, digits, ``_``, ``-``; at most 63); ``None``: the
     host name and the port.
+
+    Reading a request is bounded (``fanout.serve.reading``): its head must be whole
+    within ``head_timeout`` seconds of the connection opening (or of the previous
+    response's end on a kept-alive connection); its body gets ``body_timeout``
+    seconds plus one more for every ``body_min_rate`` bytes received.  Past either,
+    the connection is closed (after a 408 when some of the request arrived and no
+    response was started).  At most ``max_reading_connections`` connections are
+    read at once (waiting for or reading a head or body): one more closes the one
+    read the longest.
     """
 
     keys_env: str | None = None
@@ -206,6 +219,10 @@ class ServeConfig:
     retry_after: int = 1
     keepalive: float = 15.0
     replica: str | None = None
+    head_timeout: float = 10.0
+    body_timeout: float = 10.0
+    body_min_rate: int = 1000
+    max_reading_connections: int = 256
 
 
 @final
@@ -565,6 +582,14 @@ class _Checker:
             raise self.fail(f"{where} replica", f"must be 1 to 63 letters, digits, _ or -, not "
                             f"{_kind(replica)} (it goes in fan-out ids and URLs)")
 
+        def seconds(key: str, default: float) -> float:
+            value = table.get(key, default)
+            if isinstance(value, bool) or not isinstance(value, int | float) or (
+                    not math.isfinite(value) or value <= 0):
+                raise self.fail(f"{where} {key}",
+                                f"must be a number of seconds > 0, not {_kind(value)}")
+            return float(value)
+
         def count(key: str, default: int) -> int:
             value = self.count(table, key, where)
             return default if value is None else value
@@ -575,7 +600,12 @@ class _Checker:
             max_streams=count("max_streams", defaults.max_streams),
             max_fanouts=count("max_fanouts", defaults.max_fanouts),
             retry_after=count("retry_after", defaults.retry_after),
-            keepalive=float(keepalive), replica=replica)
+            keepalive=float(keepalive), replica=replica,
+            head_timeout=seconds("head_timeout", defaults.head_timeout),
+            body_timeout=seconds("body_timeout", defaults.body_timeout),
+            body_min_rate=count("body_min_rate", defaults.body_min_rate),
+            max_reading_connections=count("max_reading_connections",
+                                          defaults.max_reading_connections))
 
     def model(self, raw: Any, number: int) -> ModelConfig:
         where = f"[[models]] #{number}"

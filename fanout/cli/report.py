@@ -43,6 +43,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from ..files import NotRegularFile, read_small
 from .common import format_seconds
 from .render import inert
 from .results import STATES, RecordReader, state_of, work_key
@@ -441,24 +442,23 @@ def _same_file(one: str, other: str) -> bool:
 
 def _html_problem(target: str, inputs: Sequence[str]) -> str | None:
     """Why ``target`` must not be written (replaced) by the page, or ``None``: an input
-    of the report, anything but a regular file, a file that is not an HTML page."""
+    of the report, anything but a regular file (a symbolic link is not followed, nor
+    replaced), a file that is not an HTML page."""
     try:
-        mode = os.stat(target).st_mode
+        head, _ = read_small(target, 64)
     except FileNotFoundError:
         return None
+    except NotRegularFile as exc:
+        if exc.is_link:
+            return (f"is {exc.kind}: fanout writes no file through a link (it is left as "
+                    "it was); name the file itself")
+        return f"not a regular file ({exc.kind}); name a file to write the page to"
     except OSError as exc:
-        return f"cannot write: {exc.strerror or exc}"
-    if not stat.S_ISREG(mode):
-        return "not a regular file; name a file to write the page to"
+        return f"cannot read what is there: {exc.strerror or exc}"
     for name in inputs:
         with contextlib.suppress(OSError):
             if os.path.samefile(target, name):
                 return f"is {printable(name)}, an input of the report; name another file"
-    try:
-        with open(target, "rb") as file:
-            head = file.read(64)
-    except OSError as exc:
-        return f"cannot read what is there: {exc.strerror or exc}"
     if head and not head.lstrip().lower().startswith(b"<!doctype html"):
         return "exists and is not an HTML page (it is left as it was); name another file"
     return None
@@ -596,6 +596,10 @@ def report(path: str, *, as_json: bool, stdout: TextIO | None = None,
         try:
             write_report(html, run, evaluation, comparison, title=path,
                          against=against)
+        except NotRegularFile as exc:  # put there since it was checked
+            print(f"fanout report: --html {printable(html)}: is {exc.kind}; nothing "
+                  "was written", file=err)
+            return 2
         except OSError as exc:
             print(f"fanout report: --html {printable(html)}: cannot write: "
                   f"{exc.strerror or exc}", file=err)

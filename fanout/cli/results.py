@@ -41,7 +41,6 @@ import json
 import os
 import re
 import socket
-import stat
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -51,6 +50,15 @@ import attrs
 import orjson
 
 from ..core.result import Outcome
+from ..files import (
+    FileIdentity,
+    NotRegularFile,
+    create_new,
+    identity,
+    open_append,
+    read_small,
+    remove_if_same,
+)
 from ..records import dumps_bytes
 
 __all__ = ["OUTCOMES", "STATES", "Existing", "Line", "RecordReader", "ResultsFile",
@@ -426,10 +434,10 @@ class ResultsFile:
         self.unwritten: list[tuple[str, bytes]] = []  # (key, line) not written (yet)
         self.written = 0
         self._dirty = False
-        self._lock_file: Path | None = None
+        self._lock_identity: FileIdentity | None = None  # the lock file this run made
         self._broken = False  # a failed write could not be undone: no more writes
         self._size = -1  # the file's size, as far as this run wrote it
-        self._fd = self._open()
+        self._fd = self._open(not_same_as)
         try:
             self._check(not_same_as)
             self._lock()
@@ -444,17 +452,20 @@ class ResultsFile:
     def _read_existing(self, file: IO[bytes]) -> Existing:
         return read_existing(file)
 
-    def _open(self) -> int:
-        flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOCTTY
+    def _open(self, not_same_as: tuple[str, os.stat_result] | None) -> int:
+        if not_same_as is not None:  # a link to it, too, is best called what it is
+            with contextlib.suppress(OSError):
+                self._refuse_same(os.stat(self.path), not_same_as)
         try:
-            mode = os.stat(self.path)
-        except OSError:
-            pass  # missing (created below), or whatever opening it will say
-        else:
-            if not stat.S_ISREG(mode.st_mode) and not stat.S_ISDIR(mode.st_mode):
-                self._not_regular(mode)  # before opening it: a device may act on an open
-        try:
-            return os.open(self.path, flags, 0o644)
+            return open_append(self.path)
+        except NotRegularFile as exc:
+            if exc.is_link:
+                raise ResultsFileError(
+                    f"{self.path}: is {exc.kind}: fanout writes no file through a link "
+                    "(it is left as it was); name the file itself") from None
+            raise ResultsFileError(f"{self.path}: not a regular file ({exc.kind}): a "
+                                   f"{self._what} is read back, locked and appended to"
+                                   ) from None
         except OSError as exc:
             hint = ""
             if isinstance(exc, FileNotFoundError) and not self.path.parent.is_dir():
@@ -462,20 +473,20 @@ class ResultsFile:
             raise ResultsFileError(f"{self.path}: cannot open for writing: {_why(exc)}{hint}"
                                    ) from None
 
-    def _check(self, not_same_as: tuple[str, os.stat_result] | None) -> None:
-        mode = os.fstat(self._fd)
-        if not_same_as is not None:
-            name, other = not_same_as
-            if (mode.st_dev, mode.st_ino) == (other.st_dev, other.st_ino):
-                raise ResultsFileError(f"{self.path}: is {name} (the same file); name "
-                                       "another output")
-        if not stat.S_ISREG(mode.st_mode):
-            self._not_regular(mode)
+    @property
+    def _what(self) -> str:
+        return self.WHAT.removeprefix("fanout ")
 
-    def _not_regular(self, mode: os.stat_result) -> NoReturn:
-        what = self.WHAT.removeprefix("fanout ")
-        raise ResultsFileError(f"{self.path}: not a regular file ({_file_kind(mode)}): a "
-                               f"{what} is read back, locked and appended to")
+    def _refuse_same(self, mode: os.stat_result,
+                     not_same_as: tuple[str, os.stat_result]) -> None:
+        name, other = not_same_as
+        if (mode.st_dev, mode.st_ino) == (other.st_dev, other.st_ino):
+            raise ResultsFileError(f"{self.path}: is {name} (the same file); name "
+                                   "another output")
+
+    def _check(self, not_same_as: tuple[str, os.stat_result] | None) -> None:
+        if not_same_as is not None:  # a hard link to it, or a name given since
+            self._refuse_same(os.fstat(self._fd), not_same_as)
 
     def _lock(self) -> None:
         try:
@@ -511,16 +522,48 @@ class ResultsFile:
         return os.pread(self._fd, 1, self._size - 1) == b"\n"
 
     def _say_who(self) -> None:
-        # Who holds the lock, for a second run to tell its user.  Best effort: the lock
-        # itself is what keeps a second run out.
+        # Who holds the lock, for a second run to tell its user: the lock file, made by
+        # this run (O_EXCL, no link followed) and removed at close only while it is
+        # still the one made.  Writing it is best effort (the flock is what keeps a
+        # second run out), but something planted at its name is refused, untouched.
         where = lock_path(self.path)
         text = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                            "started": datetime.datetime.now(datetime.UTC).isoformat(
                                timespec="seconds"),
                            "argv": sys.argv})
-        self._lock_file = where  # removed at close, also if this write fails halfway
-        with contextlib.suppress(OSError):
-            where.write_bytes(text.encode("utf-8", "backslashreplace") + b"\n")
+        for attempt in range(2):
+            try:
+                fd, made = create_new(where)
+            except FileExistsError:
+                if attempt == 0 and self._remove_stale(where):
+                    continue
+                return
+            except OSError:
+                return  # a directory this run cannot create files in: nobody is told
+            self._lock_identity = made  # removed at close, even if half written
+            with contextlib.suppress(OSError), open(fd, "wb") as file:
+                file.write(text.encode("utf-8", "backslashreplace") + b"\n")
+                file.flush()
+                self._lock_identity = identity(os.fstat(fd))
+            return
+
+    def _remove_stale(self, where: Path) -> bool:
+        """Remove the lock file of a run that ended without removing it (this run holds
+        the lock, so its writer is gone); refuse anything else there, untouched."""
+        def refuse(what: str) -> NoReturn:
+            raise ResultsFileError(
+                f"{self.path}: its lock file {where} is {what} (it is left as it was): "
+                f"fanout writes no file through a link and removes only its own; remove "
+                f"it, or name another output")
+        try:
+            data, found = read_small(where, _LOCK_LIMIT + 1)
+        except NotRegularFile as exc:
+            refuse(exc.kind)
+        except OSError:
+            return False
+        if data and _lock_record(data) is None:
+            refuse("not a lock file of fanout's")
+        return remove_if_same(where, found)
 
     # ------------------------------------------------------------------ appending
 
@@ -587,25 +630,43 @@ class ResultsFile:
         if self.unwritten:
             self._flush_unwritten()
         self.sync()
-        if self._lock_file is not None:  # before unlocking: a next holder writes its own
-            with contextlib.suppress(OSError):
-                self._lock_file.unlink()
+        if self._lock_identity is not None:  # before unlocking: a next holder writes its own
+            remove_if_same(lock_path(self.path), self._lock_identity)
+            self._lock_identity = None
         os.close(self._fd)
         self._fd = -1
 
 
-def _file_kind(mode: os.stat_result) -> str:
-    kinds = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-             (stat.S_ISFIFO, "a pipe"), (stat.S_ISSOCK, "a socket"))
-    return next((name for test, name in kinds if test(mode.st_mode)), "not a file")
+_LOCK_LIMIT = 65536  # a lock file holds one short line (argv can be long)
+
+
+def _lock_record(data: bytes) -> dict[str, Any] | None:
+    """The lock file's record (pid, host, started, argv), or ``None`` if ``data`` is
+    not one."""
+    if len(data) > _LOCK_LIMIT:
+        return None
+    try:
+        record = json.loads(data)
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or not {"pid", "host", "started"} <= record.keys():
+        return None
+    return record
 
 
 def _holder(where: Path) -> str:
-    """Who holds a results file's lock, from its lock file."""
+    """Who holds a results file's lock, from its lock file (never followed if a link,
+    never waited on if a pipe)."""
     try:
-        data = json.loads(where.read_bytes())
-        return f"pid {int(data['pid'])} on {data['host']}, since {data['started']}"
+        data, _ = read_small(where, _LOCK_LIMIT + 1)
     except FileNotFoundError:
         return f"who holds it is not known yet: {where} is not there"
-    except (OSError, ValueError, KeyError, TypeError):
+    except NotRegularFile as exc:
+        return f"who holds it is not known: {where} is {exc.kind}"
+    except OSError:
         return f"who holds it is not known: {where} is unreadable"
+    record = _lock_record(data)
+    with contextlib.suppress(ValueError, TypeError):
+        if record is not None:
+            return f"pid {int(record['pid'])} on {record['host']}, since {record['started']}"
+    return f"who holds it is not known: {where} is unreadable"

@@ -23,17 +23,16 @@ and the flipped prompts.
 from __future__ import annotations
 
 import base64
-import contextlib
 import datetime
 import hashlib
 import html
 import os
-import tempfile
 from collections.abc import Mapping
 from importlib import resources
 from typing import Any, Final
 
 from ..cli.results import state_of
+from ..files import replace_whole
 from ..records import dumps
 from .aggregate import Comparison, Evaluation, Run, to_json
 
@@ -165,21 +164,9 @@ def page(data: Mapping[str, Any]) -> str:
 def write_report(path: str | os.PathLike[str], run: Run, evaluation: Evaluation,
                  comparison: Comparison | None = None, *, title: str = "",
                  against: str | None = None) -> None:
-    """Write the page to ``path`` whole or not at all (a temporary file beside it,
-    renamed); ``OSError`` when it cannot be written."""
+    """Write the page to ``path`` whole or not at all (a temporary file made beside
+    it, renamed: ``fanout.files.replace_whole``); ``OSError`` when it cannot be
+    written, ``fanout.files.NotRegularFile`` when ``path`` is a symbolic link, a
+    directory, a pipe...: nothing is written through a link or into a pipe."""
     text = page(report_data(run, evaluation, comparison, title=title, against=against))
-    target = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(target))
-    descriptor, temporary = tempfile.mkstemp(prefix=".fanout-report-", suffix=".html",
-                                             dir=directory)
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
-            file.write(text)
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(temporary, 0o666 & ~mask)  # as open() would have made it
-        os.replace(temporary, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
+    replace_whole(path, text.encode("utf-8"))

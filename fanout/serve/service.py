@@ -25,13 +25,14 @@ from ..net.transport import make_client
 from ..request import Endpoint
 from .errors import ApiError
 from .keys import ServiceKeys
+from .reading import Readers
 from .replica import default_replica, new_fanout_id
 
 __all__ = ["PER_REPLICA", "SHUTDOWN_REASON", "RunningFanout", "Service", "open_service"]
 
 SHUTDOWN_REASON = "cancelled: the service is shutting down"
 #: The parts of ``/v1/status`` that are one replica's alone.
-PER_REPLICA = ("running", "totals", "rejected", "limits")
+PER_REPLICA = ("running", "totals", "rejected", "reading", "limits")
 
 Kind = Literal["fanout", "chat"]
 
@@ -113,6 +114,8 @@ class Service:
         self.fanouts: dict[str, RunningFanout] = {}
         self.outcomes: Counter[str] = Counter()
         self.rejected: Counter[str] = Counter()
+        #: The connections being read, set by ``serve_app`` (``None`` until it runs).
+        self.readers: Readers | None = None
         self.fanouts_total = 0
         self.streams_total = 0
         self.closing = False
@@ -180,7 +183,8 @@ class Service:
             "object": "fanout.status",
             "replica": self.replica,
             "per_replica": list(PER_REPLICA),
-            "note": f"running, totals, rejected and limits are replica {self.replica}'s alone: "
+            "note": f"{', '.join(PER_REPLICA[:-1])} and {PER_REPLICA[-1]} are replica "
+                    f"{self.replica}'s alone: "
                     "behind a load balancer each replica counts and limits what it runs",
             "keys": {"required": bool(self.keys), "fingerprint": self.keys.fingerprint},
             "uptime": round(time.monotonic() - self._started, 3),
@@ -191,10 +195,20 @@ class Service:
             "rejected": {name: self.rejected.get(name, 0)
                          for name in ("unauthorized", "bad_request", "too_large", "busy",
                                       "misdirected")},
+            "reading": self._reading(),
             "limits": {"max_fanouts": limits.max_fanouts, "max_streams": limits.max_streams,
                        "max_body_bytes": limits.max_body_bytes,
-                       "retry_after": limits.retry_after, "keepalive": limits.keepalive},
+                       "retry_after": limits.retry_after, "keepalive": limits.keepalive,
+                       "head_timeout": limits.head_timeout,
+                       "body_timeout": limits.body_timeout,
+                       "body_min_rate": limits.body_min_rate,
+                       "max_reading_connections": limits.max_reading_connections},
         }
+
+    def _reading(self) -> dict[str, Any]:
+        if self.readers is None:
+            return {"connections": 0, "closed": dict.fromkeys(Readers.CLOSED, 0)}
+        return {"connections": len(self.readers), "closed": dict(self.readers.closed)}
 
 
 @asynccontextmanager

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import attrs
 
+from ..files import replace_whole
+
 __all__ = ["PACKAGED_CAPTURES", "Capture", "find_captures"]
 
 FORMAT = "fanout-capture/1"
@@ -59,15 +61,16 @@ class Capture:
         return out
 
     def dump(self, path: Path) -> None:
-        """Write this capture in fanout's own format."""
-        path.write_text(json.dumps({
+        """Write this capture in fanout's own format (whole or not at all, never through
+        a link: ``fanout.files.replace_whole``)."""
+        replace_whole(path, json.dumps({
             "format": FORMAT,
             "name": self.name,
             "status": self.status,
             "headers": [list(h) for h in self.headers],
             "body_base64": base64.b64encode(self.body).decode(),
             "reads": [list(r) for r in self.reads],
-        }, indent=1))
+        }, indent=1).encode())
 
     @classmethod
     def load(cls, path: Path) -> Capture:

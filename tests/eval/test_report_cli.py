@@ -350,14 +350,14 @@ def test_html_never_replaces_an_input_or_a_file_that_is_not_a_page(
         2, [f"fanout report: --html {prompts}: exists and is not an HTML page (it is left "
             "as it was); name another file"])
     assert _err([str(results), "--html", "/dev/null"], capsys) == (
-        2, ["fanout report: --html /dev/null: not a regular file; name a file to write the "
-            "page to"])
+        2, ["fanout report: --html /dev/null: not a regular file (a character device); "
+            "name a file to write the page to"])
     assert {p: p.read_bytes() for p in before} == before
     page_file = tmp_path / "r.html"
     assert main(["report", str(results), "--html", str(page_file)]) == 0
     assert main(["report", str(results), "--html", str(page_file)]) == 0  # a page: replaced
     assert page_file.read_text().startswith("<!doctype html>")
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".fanout-report-")] == []
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
 def test_a_damaged_scores_line_is_counted_like_results_lines(

@@ -16,18 +16,23 @@ def test_defaults_and_values() -> None:
     serve = parse_config('[serve]\nkeys_env = "SVC"\nhost = "0.0.0.0"\nport = 0\n'
                          'cors_origins = ["http://localhost:5173", "https://[::1]:8443"]\n'
                          "max_body_bytes = 10\nmax_streams = 2\nmax_fanouts = 3\n"
-                         "retry_after = 4\nkeepalive = 0.5\nreplica = 'eu-west_1'\n").serve
+                         "retry_after = 4\nkeepalive = 0.5\nreplica = 'eu-west_1'\nhead_timeout = 0.25\n"
+                         "body_timeout = 3\nbody_min_rate = 10\n"
+                         "max_reading_connections = 5\n").serve
     assert serve == ServeConfig(keys_env="SVC", host="0.0.0.0", port=0,
                                 cors_origins=("http://localhost:5173", "https://[::1]:8443"),
                                 max_body_bytes=10, max_streams=2, max_fanouts=3,
-                                retry_after=4, keepalive=0.5, replica="eu-west_1")
+                                retry_after=4, keepalive=0.5, replica="eu-west_1", head_timeout=0.25,
+                                body_timeout=3.0, body_min_rate=10,
+                                max_reading_connections=5)
     assert load_config().serve == ServeConfig()  # config/default.toml: loopback, no keys
 
 
 @pytest.mark.parametrize(("text", "message"), [
     ("[serve]\nkyes_env = 'X'", "f.toml: [serve]: unknown key 'kyes_env' (did you mean "
      "'keys_env'?) (known: keys_env, host, port, cors_origins, max_body_bytes, max_streams, "
-     "max_fanouts, retry_after, keepalive, replica)"),
+     "max_fanouts, retry_after, keepalive, replica, head_timeout, body_timeout, body_min_rate, "
+     "max_reading_connections)"),
     ("[serve]\nreplica = 'eu 1'", "f.toml: [serve] replica: must be 1 to 63 letters, digits, _ "
      "or -, not 'eu 1' (it goes in fan-out ids and URLs)"),
     ("[serve]\nreplica = 'a.b'", "f.toml: [serve] replica: must be 1 to 63 letters, digits, _ "
@@ -57,6 +62,16 @@ def test_defaults_and_values() -> None:
      "not 1.5"),
     ("[serve]\nkeepalive = -1", "f.toml: [serve] keepalive: must be a number of seconds > 0, "
      "not -1"),
+    ("[serve]\nhead_timeout = 0", "f.toml: [serve] head_timeout: must be a number of "
+     "seconds > 0, not 0"),
+    ("[serve]\nhead_timeout = inf", "f.toml: [serve] head_timeout: must be a number of "
+     "seconds > 0, not inf"),
+    ("[serve]\nbody_timeout = '10'", "f.toml: [serve] body_timeout: must be a number of "
+     "seconds > 0, not '10'"),
+    ("[serve]\nbody_min_rate = 0", "f.toml: [serve] body_min_rate: must be a whole number "
+     ">= 1, not 0"),
+    ("[serve]\nmax_reading_connections = true", "f.toml: [serve] max_reading_connections: "
+     "must be a whole number >= 1, not true"),
     ("serve = 3", "f.toml: serve: must be a table ([serve]), not 3"),
 ])
 def test_every_mistake_is_one_line_naming_the_key(text: str, message: str) -> None:

@@ -200,9 +200,9 @@ async def test_status_names_its_replica_and_says_its_counts_are_that_replicas(
         first, second = await status_of(one), await status_of(two)
     assert (first["replica"], second["replica"]) == ("r1", "r2")
     assert first["per_replica"] == list(PER_REPLICA) == ["running", "totals", "rejected",
-                                                         "limits"]
-    assert first["note"].startswith("running, totals, rejected and limits are replica r1's "
-                                    "alone")
+                                                         "reading", "limits"]
+    assert first["note"].startswith("running, totals, rejected, reading and limits are "
+                                    "replica r1's alone")
     assert set(PER_REPLICA) <= set(first)
     # The fan-out ran on r1: r1 counts it, r2 does not.
     assert (first["totals"]["fanouts"], second["totals"]["fanouts"]) == (1, 0)
