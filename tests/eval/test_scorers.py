@@ -155,8 +155,8 @@ def test_threshold_decides_passed() -> None:
         ("includes", {"mode": "some"}, "option 'mode': must be one of 'any', 'all', "
          "not 'some'"),
         ("regex", {}, "option 'pattern': required (a regular expression)"),
-        ("regex", {"pattern": "("}, "option 'pattern': not a regular expression (missing ), "
-         "unterminated subpattern at position 0), not '('"),
+        ("regex", {"pattern": "("}, "option 'pattern': not a regular expression (missing ) "
+         "at position 1), not '('"),
         ("regex", {"pattern": "(a)", "group": 2}, "option 'group': the pattern has 1 "
          "group(s), not 2"),
         ("regex", {"pattern": "(?P<x>a)", "group": "y"}, "option 'group': the pattern has no "
