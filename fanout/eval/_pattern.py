@@ -59,7 +59,9 @@ def compile_pattern(text: str, flags: int = 0) -> regex.Pattern[str]:
 
 
 class Deadline:
-    """The time one answer's matches may still take: ``seconds`` from its making.
+    """The time one answer's matches may still take: ``seconds`` of CPU time from its
+    making (``regex`` counts its ``timeout`` in the process's CPU time, so a loaded
+    machine stretches it in wall time; it still ends).
 
     Every match goes through it (``search``, ``finditer``), so a scorer that matches
     many times on one answer stops at the same limit as one that matches once.
@@ -67,10 +69,10 @@ class Deadline:
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
-        self._end = time.monotonic() + seconds
+        self._end = time.process_time() + seconds
 
     def _left(self, pattern: regex.Pattern[str]) -> float:
-        left = self._end - time.monotonic()
+        left = self._end - time.process_time()
         if left <= 0:
             raise PatternTimeout(self.seconds, pattern.pattern)
         return left

@@ -826,6 +826,8 @@ def test_hostile_answers_take_linear_time() -> None:
         n = 400_000
         texts = ["\\n" * n, "```\\n" * (n // 4), " \\n" * (n // 2) + "B", "answer " + "*" * n,
                  "answer is " * (n // 10), "1," * (n // 2), "GRADE:" + " " * n,
+                 "VERDICT 0123456789abcdef:" + " " * n, "0123456789abcdef" * (n // 16),
+                 "<<<BEGIN ANSWER>>>" * (n // 18),
                  "A or B, (c) **d** " * (n // 18), "[" * n, "1e" * (n // 2), "<" * n]
         scorers = [make_scorer(k, k, {}) for k in ("exact", "includes", "numeric", "choice",
                                                    "json", "tool_call", "finish")]
@@ -834,8 +836,8 @@ def test_hostile_answers_take_linear_time() -> None:
             answer = Answer("q", "m", 0, "completed", text, expected="B")
             for scorer in scorers:
                 assert scorer.score(answer).status in ("scored", "error")
-            assert judge.verdict(text).status in ("scored", "error")
-            judge.messages(answer)
+            assert judge.verdict(text, "0123456789abcdef").status in ("scored", "error")
+            judge.request(answer)
         print("ok")
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -927,7 +929,7 @@ def test_any_record_makes_an_answer_every_builtin_can_score(record: dict[str, An
         assert "\n" not in result.explanation
     grader = make_scorer("j", "judge", {"model": "m"})
     assert isinstance(grader, JudgeScorer)
-    assert [m["role"] for m in grader.messages(a)] == ["system", "user"]
+    assert [m["role"] for m in grader.request(a).messages] == ["system", "user"]
 
 
 @pytest.mark.parametrize("choice", [
@@ -949,7 +951,7 @@ def test_odd_choices_are_scored_without_raising(choice: dict[str, Any]) -> None:
     assert tool.passed is not True
     grader = make_scorer("j", "judge", {"model": "m"})
     assert isinstance(grader, JudgeScorer)
-    grader.messages(a)
+    grader.request(a)
 
 
 def test_score_values_are_checked() -> None:
@@ -985,7 +987,8 @@ def test_scorers_and_judge_import_neither_trio_nor_httpx() -> None:
         answer = scorers.Answer('q1', 'm', 0, 'completed', 'Answer: B', expected='b')
         assert scorers.BUILTIN['choice'].score(answer).passed is True
         grader = scorers.make_scorer('j', 'judge', {{'model': 'judge'}})
-        assert grader.verdict('GRADE: PASS').passed is True
+        assert grader.verdict('VERDICT 0123456789abcdef: PASS', '0123456789abcdef').passed
+        assert grader.verdict('GRADE: PASS', '0123456789abcdef').status == 'error'
         loaded = sorted(m for m in sys.modules
                         if m.split('.')[0] in ('trio', 'httpx', 'httpcore', 'anyio'))
         print(loaded)
