@@ -124,9 +124,12 @@ def _decide(found: dict[str, str]) -> tuple[str, bool]:
 def _replying(reply: Callable[[ChatRequest], str]) -> Callable[[ChatRequest, Context], Plan]:
     def plan(request: ChatRequest, context: Context) -> Plan:
         text = reply(request)
+        # the nonce is new in every request: the same question streams the same way
+        nonce = nonce_of(request.prompt)
+        asked = request.prompt.replace(nonce, "<nonce>") if nonce else request.prompt
         answers = []
         for index in range(request.n):
-            rng = rng_for(request.seed, request.name, request.prompt, index)
+            rng = rng_for(request.seed, request.name, asked, index)
             choice = _Choice(parts=[("content", piece) for piece in cut(rng, text)])
             _limit(choice, request, len(choice.parts))
             answers.append(choice)
