@@ -160,9 +160,10 @@ class Regex(ScorerBase):
 
     ``pattern`` (required, compiled when the scorer is made: a bad pattern is a
     config error; the syntax of ``re``, matched by the ``regex`` package within
-    ``regex_timeout`` seconds per answer, default 1: past it the answer's score is
-    an ``error``, ``regex timed out after 1 s (scorer ..., pattern ...)``); ``flags``: any of ``i`` (ignore case), ``m`` (``^``/``$`` at
-    every line), ``s`` (``.`` matches newlines); ``match = "first"`` (default) or
+    ``regex_timeout`` seconds of CPU time per answer, default 1: past it the answer's
+    score is an ``error``, ``regex timed out after 1 s (scorer ..., pattern ...)``);
+    ``flags``: any of ``i`` (ignore case), ``m`` (``^``/``$`` at every line), ``s``
+    (``.`` matches newlines); ``match = "first"`` (default) or
     ``"last"``: which match counts.  With ``expected``, the match's ``group``
     (a number or a name; default 0, the whole match) must equal it after the
     normalisation of ``exact`` (same options; a list: any one); without

@@ -208,7 +208,7 @@ _WORDS = {"pass": 1.0, "passed": 1.0, "correct": 1.0,
 _WORD = r"(?:incorrect|correct|passed|pass|failed|fail)"
 _VALUE = (r"(?:" + _WORD + r"\b|\d+(?:\.\d+)?(?:\s*/\s*\d+(?:\.\d+)?|\s*%)?|\.\d+)")
 _DECOR = r"[\s*_`]*"
-# a verdict word in capitals elsewhere on the deciding line ("GRADE: PASS ... FAIL")
+# a verdict word in capitals elsewhere on the deciding line ("VERDICT <nonce>: PASS ... FAIL")
 _BARE_WORD = re.compile(r"\b(?:INCORRECT|CORRECT|PASSED|PASS|FAILED|FAIL)\b")
 # what follows the nonce on the judge's verdict line: ": PASS", ":** 7/10", " = fail."
 _AFTER = re.compile(r"[\s*_`'\")\]>:=\-\u2013\u2014]*+(?P<value>" + _VALUE + r"|[^\s*_`]+)"
