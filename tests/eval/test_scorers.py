@@ -466,6 +466,15 @@ def test_a_json_schemas_patterns_still_decide_as_jsonschema_says() -> None:
         "('b', 'c' were unexpected)")
 
 
+def test_a_schema_pattern_regex_cannot_compile_is_said_not_raised() -> None:
+    # the schema check compiles patterns with re; one that regex refused at match time
+    # (none is known) would be an error score naming it, not a traceback
+    from fanout.eval._pattern import Deadline, LimitedValidator, PatternError
+
+    with pytest.raises(PatternError, match=r"^schema pattern '\(': not a regular expression"):
+        LimitedValidator({"type": "string", "pattern": "("}).errors("x", Deadline(1.0))
+
+
 def test_unevaluated_properties_beside_pattern_properties_is_refused() -> None:
     schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
               "patternProperties": {"^x": {}}, "unevaluatedProperties": False}
