@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from ._options import (
+    REGEX_TIMEOUT,
     THRESHOLD,
     Option,
     ScorerBase,
@@ -17,6 +17,7 @@ from ._options import (
     one_of,
     string,
 )
+from ._pattern import FLAGS, Deadline, PatternTimeout, compile_pattern, timed_out
 from ._text import Normalise, find_letter, numbers, parse_number
 from ._values import Answer, Score, quote, show_expected
 
@@ -140,11 +141,8 @@ class Includes(ScorerBase):
         return self.passfail(False, f"includes none of {_choices(texts)}")
 
 
-_FLAGS = {"i": re.IGNORECASE, "m": re.MULTILINE, "s": re.DOTALL}
-
-
 def _flags(value: Any) -> str:
-    if not isinstance(value, str) or any(c not in _FLAGS for c in value):
+    if not isinstance(value, str) or any(c not in FLAGS for c in value):
         raise ValueError("must be a string of the flags i, m, s")
     return "".join(sorted(set(value)))
 
@@ -158,11 +156,14 @@ def _group(value: Any) -> int | str | None:
 
 
 class Regex(ScorerBase):
-    """``regex``: ``pattern`` is found in the answer (``re.search``).
+    """``regex``: ``pattern`` is found in the answer (a search, as ``re.search``).
 
     ``pattern`` (required, compiled when the scorer is made: a bad pattern is a
-    config error); ``flags``: any of ``i`` (ignore case), ``m`` (``^``/``$`` at
-    every line), ``s`` (``.`` matches newlines); ``match = "first"`` (default) or
+    config error; the syntax of ``re``, matched by the ``regex`` package within
+    ``regex_timeout`` seconds of CPU time per answer, default 1: past it the answer's
+    score is an ``error``, ``regex timed out after 1 s (scorer ..., pattern ...)``);
+    ``flags``: any of ``i`` (ignore case), ``m`` (``^``/``$`` at every line), ``s``
+    (``.`` matches newlines); ``match = "first"`` (default) or
     ``"last"``: which match counts.  With ``expected``, the match's ``group``
     (a number or a name; default 0, the whole match) must equal it after the
     normalisation of ``exact`` (same options; a list: any one); without
@@ -172,7 +173,7 @@ class Regex(ScorerBase):
     kind = "regex"
     OPTIONS = (Option("pattern", None, string()), Option("flags", "", _flags),
                Option("group", None, _group), Option("match", "first", one_of("first", "last")),
-               *NORMALISE, THRESHOLD)
+               *NORMALISE, THRESHOLD, REGEX_TIMEOUT)
 
     def __init__(self, name: str, options: Mapping[str, Any]) -> None:
         super().__init__(name, check_options(options, self.OPTIONS))
@@ -181,12 +182,11 @@ class Regex(ScorerBase):
             raise ValueError("option 'pattern': required (a regular expression)")
         flags = 0
         for flag in self.options["flags"]:
-            flags |= _FLAGS[flag]
+            flags |= FLAGS[flag]
         try:
-            self.pattern = re.compile(pattern, flags)
-        except re.error as exc:
-            raise ValueError(f"option 'pattern': not a regular expression ({exc}), "
-                             f"not {pattern!r}") from None
+            self.pattern = compile_pattern(pattern, flags)
+        except ValueError as exc:
+            raise ValueError(f"option 'pattern': {exc}, not {pattern!r}") from None
         group = self.options["group"]
         if isinstance(group, int) and group > self.pattern.groups:
             raise ValueError(f"option 'group': the pattern has {self.pattern.groups} "
@@ -198,10 +198,16 @@ class Regex(ScorerBase):
         self.normalise = _normaliser(self.options)
 
     def grade(self, answer: Answer) -> Score:
-        matches = list(self.pattern.finditer(answer.text))
-        if not matches:
+        deadline = Deadline(self.options["regex_timeout"])
+        try:
+            if self.options["match"] == "first":
+                match = deadline.search(self.pattern, answer.text)
+            else:
+                match = next(reversed(deadline.finditer(self.pattern, answer.text)), None)
+        except PatternTimeout as exc:
+            return timed_out(self.name, exc)
+        if match is None:
             return self.passfail(False, f"no match of {quote(self.pattern.pattern, 40)}")
-        match = matches[0] if self.options["match"] == "first" else matches[-1]
         group = self.options["group"] if self.options["group"] is not None else 0
         found = match.group(group)
         if not answer.has_expected:

@@ -134,6 +134,21 @@ def table(value: Any) -> dict[str, Any]:
 #: The option every kind has: the value at which a score passes.
 THRESHOLD = Option("threshold", 1.0, number(0, 1))
 
+#: Seconds a scorer's user patterns may spend on one answer, by default (``_pattern``).
+DEFAULT_TIMEOUT = 1.0
+
+
+def _seconds(value: Any) -> float:
+    if (isinstance(value, bool) or not isinstance(value, int | float)
+            or not math.isfinite(value) or not 0 < value <= 3600):
+        raise ValueError("must be a number of seconds in (0, 3600]")
+    return float(value)
+
+
+#: The option of every kind that matches a user's pattern on an answer.  At its
+#: default it is left out of the scorer's key: the scorers written before it keep theirs.
+REGEX_TIMEOUT = Option("regex_timeout", DEFAULT_TIMEOUT, _seconds)
+
 
 def scorer_key(kind: str, options: Mapping[str, Any]) -> str:
     """A stable hash of ``kind`` and its checked options (defaults filled in): the same
@@ -173,6 +188,8 @@ class ScorerBase:
         self.options = options
         self.threshold = float(options["threshold"])
         identity: dict[str, Any] = dict(options)
+        if identity.get(REGEX_TIMEOUT.name) == DEFAULT_TIMEOUT:
+            del identity[REGEX_TIMEOUT.name]
         if key_extra is not None:
             identity["__extra__"] = key_extra
         self.key = scorer_key(self.kind, identity)

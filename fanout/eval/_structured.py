@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ._options import (
+    REGEX_TIMEOUT,
     THRESHOLD,
     Option,
     ScorerBase,
@@ -24,6 +25,14 @@ from ._options import (
     string,
     strings,
     table,
+)
+from ._pattern import (
+    Deadline,
+    LimitedValidator,
+    PatternError,
+    PatternTimeout,
+    check_schema_patterns,
+    timed_out,
 )
 from ._text import find_json, first_difference, json_equal, json_subset
 from ._values import Answer, Score, quote, show_expected, tool_calls
@@ -46,13 +55,14 @@ def _check_schema(schema: Mapping[str, Any], option: str, where: str = "") -> No
         at = "/".join(str(p) for p in exc.absolute_path) or "(root)"
         raise ValueError(f"option {option!r}: not a valid JSON Schema{where}: at {at}: "
                          f"{exc.message}") from None
+    try:
+        check_schema_patterns(schema)
+    except ValueError as exc:
+        raise ValueError(f"option {option!r}{where}: {exc}") from None
 
 
-def _schema_errors(value: Any, schema: Mapping[str, Any]) -> list[str]:
-    import jsonschema
-
-    validator = jsonschema.validators.validator_for(schema)(schema)
-    errors = sorted(validator.iter_errors(value), key=lambda e: [str(p) for p in e.path])
+def _schema_errors(value: Any, validator: LimitedValidator, deadline: Deadline) -> list[str]:
+    errors = sorted(validator.errors(value, deadline), key=lambda e: [str(p) for p in e.path])
     return [f"{'/'.join(str(p) for p in e.absolute_path) or '(root)'}: {e.message}"
             for e in errors]
 
@@ -68,13 +78,17 @@ class Json(ScorerBase):
     be valid against it.  With ``expected``: equal as JSON values (``1 == 1.0``,
     ``true != 1``), or with ``subset`` true, contained (every key of an expected
     object present with a contained value; arrays equal).  A changed schema file
-    changes the scorer's key.
+    changes the scorer's key.  The schema's ``pattern`` and ``patternProperties`` are
+    matched within ``regex_timeout`` seconds per answer (default 1; past it, an
+    ``error`` score: ``regex timed out after 1 s``); a schema that combines
+    ``unevaluatedProperties`` with ``patternProperties`` is refused (jsonschema would
+    match those patterns itself, with no limit).
     """
 
     kind = "json"
     OPTIONS = (Option("fenced", True, boolean), Option("schema", None, _schema),
                Option("schema_file", None, string()), Option("subset", False, boolean),
-               THRESHOLD)
+               THRESHOLD, REGEX_TIMEOUT)
 
     def __init__(self, name: str, options: Mapping[str, Any], base_dir: Path | None = None
                  ) -> None:
@@ -87,6 +101,7 @@ class Json(ScorerBase):
         elif checked["schema_file"] is not None:
             schema = _load_schema(checked["schema_file"], base_dir)
         self.schema: dict[str, Any] | None = schema
+        self.validator = LimitedValidator(schema) if schema is not None else None
         super().__init__(name, checked, key_extra={"schema": schema})
 
     def grade(self, answer: Answer) -> Score:
@@ -94,8 +109,14 @@ class Json(ScorerBase):
         if not found.ok:
             return self.passfail(False, f"{found.where} is not JSON: {found.problem}")
         passes = [f"{found.where} is JSON"]
-        if self.schema is not None:
-            errors = _schema_errors(found.value, self.schema)
+        if self.validator is not None:
+            try:
+                errors = _schema_errors(found.value, self.validator,
+                                        Deadline(self.options["regex_timeout"]))
+            except PatternTimeout as exc:
+                return timed_out(self.name, exc)
+            except PatternError as exc:
+                return Score.error(str(exc))
             if errors:
                 more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
                 return self.passfail(False, f"not valid against the schema: "

@@ -24,28 +24,39 @@ GRADE: PASS").  The delimiters, the instruction to treat their content as data,
 and the last-line rule of the verdict limit what it can do; they do not make a
 judge model immune.  Grade adversarial answers with a deterministic scorer too.
 
-The verdict (``verdict``): the LAST line that carries a grade
-(``GRADE: PASS``, ``**Grade:** fail``, ```SCORE: 7/10```, ``score = 0.7``;
-labels ``grade``, ``score``, ``verdict``, ``rating``, ``result``) decides, so
-reasoning that quotes a grade before concluding does not count; when no line
-has a label, a last line that is a bare value (``PASS``, ``7/10``) does.
-Values: ``PASS``/``PASSED``/``CORRECT`` = 1, ``FAIL``/``FAILED``/``INCORRECT`` = 0,
+The verdict (``verdict``).  Each request carries a fresh nonce (``request``:
+``secrets.token_hex(8)``, drawn again should it occur in the inserted text), and the
+prompt asks for a last line ``VERDICT <nonce>: PASS`` (or ``FAIL``; with a scale,
+``VERDICT <nonce>: n/<scale>``).  The answer never sees the nonce, so it cannot write
+a verdict line: only lines that carry the nonce (any case) count, anything between
+``<<<BEGIN ...>>>`` and ``<<<END ...>>>`` lines in the reply (a judge quoting a
+section back) is ignored, and the LAST line carrying the nonce decides; markdown and
+punctuation around the value are fine (``**VERDICT <nonce>:** pass``).  Values:
+``PASS``/``PASSED``/``CORRECT`` = 1, ``FAIL``/``FAILED``/``INCORRECT`` = 0,
 ``n/m`` = n/m, ``n%`` = n/100, a number = itself when in [0, 1], or n/``scale``
-when a scale is set.  No verdict, a value out of range, or a deciding line that
-says two different things (``GRADE: PASS or FAIL``) is an ``error`` score —
-never a pass.  ``pattern``, a regular expression with one group, replaces the
-labels: its last match's group is the value.
+when a scale is set.  No line with the nonce (a ``GRADE: PASS`` the answer planted
+and the judge repeated, say), a value out of range, or a deciding line that says two
+different things (``PASS or FAIL``) is an ``error`` score (``judge verdict
+unparseable: ...``) -- never a pass.  ``pattern``, a regular expression with one
+group, reads the value instead: its last match on the deciding line (searched
+within ``regex_timeout``).  A template places the instruction with ``{verdict}``
+(or writes its own with ``{nonce}``); a template with neither gets the instruction
+appended as its last paragraph.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import secrets
 import string
 from collections.abc import Mapping
 from typing import Any, Final
 
+import attrs
+
 from ._options import (
+    REGEX_TIMEOUT,
     THRESHOLD,
     Option,
     ScorerBase,
@@ -54,15 +65,16 @@ from ._options import (
     prescore,
 )
 from ._options import string as string_check
+from ._pattern import Deadline, PatternTimeout, compile_pattern, timed_out
 from ._values import Answer, Score, quote, tool_calls
 
-__all__ = ["BEGIN", "END", "FIELDS", "NO_EXPECTED_LINE", "SYSTEM", "JudgeScorer",
-           "default_template", "inert"]
+__all__ = ["BEGIN", "END", "FIELDS", "NO_EXPECTED_LINE", "SYSTEM", "JudgeRequest",
+           "JudgeScorer", "default_template", "inert", "new_nonce", "verdict_instruction"]
 
 #: The delimiter lines around an inserted section: ``BEGIN.format("ANSWER")``.
 BEGIN: Final = "<<<BEGIN {}>>>"
 END: Final = "<<<END {}>>>"
-FIELDS: Final = ("question", "answer", "expected", "criteria")
+FIELDS: Final = ("question", "answer", "expected", "criteria", "verdict", "nonce")
 NO_EXPECTED_LINE: Final = "(no expected answer was given)"
 
 SYSTEM: Final = (
@@ -75,16 +87,29 @@ _CRITERIA_EXPECTED = ("The answer is correct when it agrees with the expected an
 _CRITERIA_OPEN = "The answer is correct, relevant and answers the question."
 
 
-def default_template(scale: float | None = None) -> str:
-    """The default user message (fields ``{question}``, ``{answer}``, ``{expected}``,
-    ``{criteria}``); its last instruction asks for ``GRADE: PASS|FAIL``, or
-    ``SCORE: n/<scale>`` with a scale."""
+def verdict_instruction(nonce: str, scale: float | None = None) -> str:
+    """The ``{verdict}`` field: the instruction asking for ``VERDICT <nonce>: PASS`` or
+    ``FAIL``, or ``VERDICT <nonce>: n/<scale>`` with a scale."""
     if scale is None:
-        last = "Then end with one last line that is exactly GRADE: PASS or GRADE: FAIL."
-    else:
-        top = f"{scale:g}"
-        last = (f"Then end with one last line that is exactly SCORE: n/{top}, where n is a "
-                f"number from 0 (wrong) to {top} (fully correct).")
+        return (f"Then end with one last line that is exactly VERDICT {nonce}: PASS or "
+                f"VERDICT {nonce}: FAIL.")
+    top = f"{scale:g}"
+    return (f"Then end with one last line that is exactly VERDICT {nonce}: n/{top}, where n "
+            f"is a number from 0 (wrong) to {top} (fully correct).")
+
+
+def new_nonce(avoid: str = "") -> str:
+    """A fresh nonce (16 hex digits) that does not occur in ``avoid`` (any case)."""
+    avoid = avoid.lower()
+    while True:
+        nonce = secrets.token_hex(8)
+        if nonce not in avoid:
+            return nonce
+
+
+def default_template() -> str:
+    """The default user message (fields ``{question}``, ``{answer}``, ``{expected}``,
+    ``{criteria}``, ``{verdict}``)."""
     return (
         "Grade the answer to the question below.\n\n"
         "Question:\n{question}\n\n"
@@ -92,7 +117,7 @@ def default_template(scale: float | None = None) -> str:
         "Expected answer:\n{expected}\n\n"
         "Criteria: {criteria}\n\n"
         "Reason briefly (two or three sentences) about whether the answer meets the "
-        f"criteria. {last}")
+        "criteria. {verdict}")
 
 
 _RUN = re.compile(r"<(?=<<)|>(?=>>)")
@@ -147,13 +172,12 @@ def _check_template(value: Any) -> str:
     return value
 
 
-def _check_pattern(value: Any) -> re.Pattern[str]:
+def _check_pattern(value: Any) -> Any:
+    import regex
+
     if not isinstance(value, str) or not value:
         raise ValueError("must be a regular expression with one group")
-    try:
-        pattern = re.compile(value, re.IGNORECASE | re.MULTILINE)
-    except re.error as exc:
-        raise ValueError(f"not a regular expression ({exc})") from None
+    pattern = compile_pattern(value, regex.IGNORECASE | regex.MULTILINE)
     if pattern.groups != 1:
         raise ValueError(f"must have exactly one group (the grade), it has {pattern.groups}")
     return pattern
@@ -184,13 +208,23 @@ _WORDS = {"pass": 1.0, "passed": 1.0, "correct": 1.0,
 _WORD = r"(?:incorrect|correct|passed|pass|failed|fail)"
 _VALUE = (r"(?:" + _WORD + r"\b|\d+(?:\.\d+)?(?:\s*/\s*\d+(?:\.\d+)?|\s*%)?|\.\d+)")
 _DECOR = r"[\s*_`]*"
-_GRADE = re.compile(r"\b(?:final\s+)?(?:grade|score|verdict|rating|result)" + _DECOR + r"[:=]"
-                    + _DECOR + r"(?P<value>" + _VALUE + r"|[^\s*_`]+)"
+# a verdict word in capitals elsewhere on the deciding line ("VERDICT <nonce>: PASS ... FAIL")
+_BARE_WORD = re.compile(r"\b(?:INCORRECT|CORRECT|PASSED|PASS|FAILED|FAIL)\b")
+# what follows the nonce on the judge's verdict line: ": PASS", ":** 7/10", " = fail."
+_AFTER = re.compile(r"[\s*_`'\")\]>:=\-\u2013\u2014]*+(?P<value>" + _VALUE + r"|[^\s*_`]+)"
                     + r"(?:" + _DECOR + r"(?:or|/|\|)" + _DECOR + r"(?P<alt>" + _WORD + r")\b)?",
                     re.IGNORECASE)
-# a verdict word in capitals elsewhere on the deciding line ("GRADE: PASS ... FAIL")
-_BARE_WORD = re.compile(r"\b(?:INCORRECT|CORRECT|PASSED|PASS|FAILED|FAIL)\b")
-_BARE_LINE = re.compile(r"^[\s*_`#>]*(?P<value>" + _VALUE + r")[\s*_`.!]*$", re.IGNORECASE)
+# a section the judge quoted back (the answer's, say): never its own words
+_QUOTED = re.compile(r"<<<BEGIN (?P<name>[A-Z]+)>>>.*?(?:<<<END (?P=name)>>>|\Z)", re.DOTALL)
+
+
+@attrs.frozen
+class JudgeRequest:
+    """One judge request: its ``messages`` and the ``nonce`` its verdict line carries
+    (``JudgeScorer.verdict(text, nonce)`` reads the reply)."""
+
+    messages: list[dict[str, str]]
+    nonce: str
 
 
 class JudgeScorer(ScorerBase):
@@ -199,7 +233,8 @@ class JudgeScorer(ScorerBase):
     Options: ``model`` (required: a config model name, checked by the pipeline),
     ``template``, ``system``, ``criteria`` (default: agreement with the expected
     answer when there is one, else a correct and relevant answer), ``pattern``,
-    ``scale`` (e.g. 10: ``SCORE: 7`` is 0.7), ``threshold`` (default 1.0: with a
+    ``scale`` (e.g. 10: ``VERDICT <nonce>: 7`` is 0.7), ``regex_timeout`` (seconds
+    the ``pattern`` may take on one reply, default 1), ``threshold`` (default 1.0: with a
     scale, set it), ``max_chars`` (default none: the question, the answer and the
     expected value are each cut to this many characters, with a line saying how many
     more there were, so a runaway answer cannot run up the judge's bill), and for the
@@ -213,7 +248,7 @@ class JudgeScorer(ScorerBase):
                Option("criteria", None, string_check(allow_none=True)),
                Option("pattern", None, _check_pattern),
                Option("scale", None, number(0, allow_none=True)),
-               THRESHOLD,
+               THRESHOLD, REGEX_TIMEOUT,
                Option("max_chars", None, number(1, integer=True, allow_none=True)),
                Option("concurrency", None, number(1, integer=True, allow_none=True)),
                Option("deadlines", {}, _check_deadlines))
@@ -225,10 +260,10 @@ class JudgeScorer(ScorerBase):
         if checked["scale"] == 0:
             raise ValueError("option 'scale': must be a number > 0, not 0")
         self.model: str = checked["model"]
-        self.template: str = checked["template"] or default_template(checked["scale"])
+        self.template: str = checked["template"] or default_template()
         self.system: str = checked["system"]
         self.criteria: str | None = checked["criteria"]
-        self.pattern: re.Pattern[str] | None = checked["pattern"]
+        self.pattern: Any = checked["pattern"]  # a regex.Pattern[str] or None
         self.scale: float | None = checked["scale"]
         self.max_chars: int | None = checked["max_chars"]
         self.concurrency: int | None = checked["concurrency"]
@@ -237,6 +272,7 @@ class JudgeScorer(ScorerBase):
         # the pipeline's options do not change a verdict: not part of the key
         identity.pop("concurrency")
         identity.pop("deadlines")
+        identity.pop("regex_timeout")
         ScorerBase.__init__(self, name, identity, key_extra={"template": self.template})
         self.options = checked
 
@@ -245,6 +281,13 @@ class JudgeScorer(ScorerBase):
         ``messages``, then ``verdict`` on the judge's text)."""
         raise TypeError(f"scorer {self.name!r} is a judge: it needs a model request, run it "
                         "through fanout.eval.run")
+
+    def request(self, answer: Answer) -> JudgeRequest:
+        """The judge request for ``answer``, with a fresh nonce that occurs nowhere in
+        the text it inserts (so the answer cannot carry it)."""
+        values = self._values(answer)
+        nonce = new_nonce("\n".join(values.values()))
+        return JudgeRequest(self._messages(values, nonce), nonce)
 
     def prescore(self, answer: Answer) -> Score | None:
         """``unscored`` when the answer's stream did not complete (no judge call then),
@@ -255,11 +298,15 @@ class JudgeScorer(ScorerBase):
         """The ``error`` score of a judge stream that did not complete."""
         return Score.error(f"judge {outcome}: {reason or 'no reason given'}")
 
-    def messages(self, answer: Answer) -> list[dict[str, str]]:
-        """The judge request's messages: the system message, then the template filled in."""
+    def messages(self, answer: Answer, nonce: str) -> list[dict[str, str]]:
+        """The judge request's messages with ``nonce``: the system message, then the
+        template filled in (``request`` draws the nonce)."""
+        return self._messages(self._values(answer), nonce)
+
+    def _values(self, answer: Answer) -> dict[str, str]:
         has_expected = answer.has_expected
         cut = self.max_chars
-        values = {
+        return {
             "question": _section("QUESTION", answer.question, cut),
             "answer": _section("ANSWER", _answer_text(answer), cut),
             "expected": (_section("EXPECTED", _expected_text(answer.expected), cut)
@@ -267,35 +314,43 @@ class JudgeScorer(ScorerBase):
             "criteria": self.criteria or (_CRITERIA_EXPECTED if has_expected
                                           else _CRITERIA_OPEN),
         }
+
+    def _messages(self, values: Mapping[str, str], nonce: str) -> list[dict[str, str]]:
+        instruction = verdict_instruction(nonce, self.scale)
+        fields = {name for _, name, _, _ in string.Formatter().parse(self.template) if name}
+        user = self.template.format(**values, verdict=instruction, nonce=nonce)
+        if not fields & {"verdict", "nonce"}:
+            user = f"{user.rstrip()}\n\n{instruction}"
         return [{"role": "system", "content": self.system},
-                {"role": "user", "content": self.template.format(**values)}]
+                {"role": "user", "content": user}]
 
-    def verdict(self, text: str) -> Score:
-        """The score the judge's ``text`` gives (the module's docstring has the rules)."""
+    def verdict(self, text: str, nonce: str) -> Score:
+        """The score the judge's ``text`` gives to the request of ``nonce`` (the module's
+        docstring has the rules)."""
+        own = _QUOTED.sub("\n", text)
+        mark = re.compile(re.escape(nonce), re.IGNORECASE)
+        lines = [line for line in own.splitlines() if mark.search(line)]
+        if not lines:
+            return self._unparseable(text, "no verdict line with the request's nonce")
+        line = lines[-1]
+        shown = mark.sub("<nonce>", line.strip())
+        rest = line[[m.end() for m in mark.finditer(line)][-1]:]
         if self.pattern is not None:
-            matches = list(self.pattern.finditer(text))
+            try:
+                matches = Deadline(self.options["regex_timeout"]).finditer(self.pattern, rest)
+            except PatternTimeout as exc:
+                return timed_out(self.name, exc)
             if not matches:
-                return self._unparseable(text)
-            last = matches[-1]
-            line_start = text.rfind("\n", 0, last.start()) + 1
-            same_line = [m for m in matches if m.start() >= line_start]
-            return self._decide([m.group(1) or "" for m in same_line], last.group(), text)
-        lines = text.splitlines()
-        for line in reversed(lines):
-            found = list(_GRADE.finditer(line))
-            if found:
-                values = [m["value"] for m in found] + [m["alt"] for m in found if m["alt"]]
-                values += [w.group() for w in _BARE_WORD.finditer(line)]
-                return self._decide(values, line.strip(), text)
-        for line in reversed(lines):
-            if line.strip():
-                bare = _BARE_LINE.match(line)
-                if bare:
-                    return self._decide([bare["value"]], line.strip(), text)
-                break
-        return self._unparseable(text)
+                return self._unparseable(text, f"the pattern does not match {quote(shown, 80)}")
+            return self._decide([matches[-1].group(1) or ""], shown)
+        found = _AFTER.match(rest)
+        if found is None:
+            return self._unparseable(text, f"no value after the nonce in {quote(shown, 80)}")
+        values = [found["value"]] + ([found["alt"]] if found["alt"] else [])
+        values += [w.group() for w in _BARE_WORD.finditer(mark.sub(" ", line))]
+        return self._decide(values, shown)
 
-    def _decide(self, raw: list[str], line: str, text: str) -> Score:
+    def _decide(self, raw: list[str], line: str) -> Score:
         values = set()
         for item in raw:
             value = self._value(item)
@@ -330,5 +385,5 @@ class JudgeScorer(ScorerBase):
             return f"{quote(raw, 30)} is out of range{hint}"
         return value
 
-    def _unparseable(self, text: str) -> Score:
-        return Score.error(f"judge verdict unparseable: {quote(text[:80], 80)}")
+    def _unparseable(self, text: str, why: str) -> Score:
+        return Score.error(f"judge verdict unparseable ({why}): {quote(text[:80], 80)}")

@@ -171,6 +171,7 @@ class _Job:
     record: Mapping[str, Any]
     answer: str  # its answer_key
     request: StreamRequest
+    nonce: str  # the judge's verdict line carries it
 
 
 class Scoring:
@@ -266,15 +267,15 @@ class Scoring:
         judge, model = selected.judge, selected.judge_model
         assert model is not None
         try:
-            messages = judge.messages(answer)
+            ask = judge.request(answer)
         except ValueError as exc:  # the template needs what this prompt lacks
             self._write(selected, record, akey, Score.error(str(exc)))
             return
         self._serial += 1
         key = f"judge/{selected.name}/{self._serial}"
-        request = StreamRequest(key, model.id, messages, dict(model.params),
+        request = StreamRequest(key, model.id, ask.messages, dict(model.params),
                                 deadlines=selected.deadlines, api=model.api)
-        self._queue.append(_Job(key, selected, record, akey, request))
+        self._queue.append(_Job(key, selected, record, akey, request, ask.nonce))
         self.wake()
 
     def _write(self, selected: Selected, record: Mapping[str, Any], akey: str, score: Score,
@@ -435,7 +436,7 @@ class Scoring:
             if not self._redoing:  # a slot back never lands on a redo's head
                 self.endpoint.succeeded()
         if result.outcome == Outcome.COMPLETED:
-            score = job.selected.judge.verdict(result.text)
+            score = job.selected.judge.verdict(result.text, job.nonce)
         else:
             tally.judge_failed += 1
             score = job.selected.judge.failed(str(result.outcome), result.reason)

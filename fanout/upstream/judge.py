@@ -2,8 +2,11 @@
 
 ``mock/judge`` reads the request's last user message, finds the sections that
 ``fanout.eval.judge`` puts around the values it inserts (``<<<BEGIN ANSWER>>>`` …
-``<<<END ANSWER>>>``, the same for ``EXPECTED``), and answers one line of
-reasoning, then ``GRADE: PASS`` or ``GRADE: FAIL``:
+``<<<END ANSWER>>>``, the same for ``EXPECTED``) and the request's nonce (in the
+instruction ``VERDICT <nonce>: PASS``, outside the sections), and answers one line
+of reasoning, then ``VERDICT <nonce>: PASS`` or ``VERDICT <nonce>: FAIL`` (a prompt
+with no nonce gets ``GRADE: PASS`` / ``GRADE: FAIL``, which the judge scorer does
+not accept):
 
 - with an EXPECTED section: PASS when the normalised expected text occurs in
   the normalised answer.  Normalised: case folded, punctuation removed, white
@@ -14,9 +17,12 @@ reasoning, then ``GRADE: PASS`` or ``GRADE: FAIL``:
 - without one: PASS when the answer, stripped, is not empty and ends with ``.``;
 - with no ANSWER section at all: FAIL, saying so.
 
-It never quotes the answer back, so what the answer says cannot become its
-verdict.  ``mock/judge-garbage`` answers a paragraph with no verdict in it (the
-judge scorer must call that an ``error``).  Both stream like ``mock/fast``
+It never quotes the answer back.  ``mock/judge-quoting`` decides the same, then
+ends its reply by quoting the answer back, undelimited, as chatty models do: a
+``GRADE: PASS`` or ``VERDICT ...: PASS`` line planted in the answer then ends the
+reply, and must not decide.  ``mock/judge-garbage`` answers a paragraph with no
+verdict in it (the judge scorer must call that an ``error``).  All stream like
+``mock/fast``
 (``:SECONDS`` between chunks, usage when asked, ``max_tokens`` cuts) and answer
 without streaming too.  ``slot/judge`` gives ``mock/judge``'s verdicts in the
 one slot of the ``slot/*`` models (a llama.cpp serving answers and judges
@@ -47,7 +53,7 @@ from .models import (
 )
 from .plans import ChatRequest, Plan
 
-__all__ = ["GARBAGE", "JUDGE_MODELS", "judge_reply", "sections"]
+__all__ = ["GARBAGE", "JUDGE_MODELS", "judge_reply", "nonce_of", "quoting_reply", "sections"]
 
 _NORMALISE = Normalise(ignore_case=True, collapse_whitespace=True, ignore_punctuation=True)
 
@@ -68,6 +74,18 @@ def sections(text: str) -> dict[str, str]:
     return found
 
 
+_NONCE = re.compile(r"\bVERDICT\s+([0-9A-Za-z]+)\s*:")
+_SECTION = re.compile(re.escape(BEGIN).replace(r"\{\}", r"(?P<name>[A-Z]+)")
+                      + r"\n.*?\n" + re.escape(END).replace(r"\{\}", r"(?P=name)"), re.DOTALL)
+
+
+def nonce_of(prompt: str) -> str | None:
+    """The nonce a judge prompt asks the verdict line to carry (``VERDICT <nonce>:``
+    outside its sections; the last one), or ``None``."""
+    found = _NONCE.findall(_SECTION.sub("", prompt))
+    return found[-1] if found else None
+
+
 def _acceptable(expected: str) -> list[str]:
     try:
         value = json.loads(expected)
@@ -80,28 +98,42 @@ def _acceptable(expected: str) -> list[str]:
 
 def judge_reply(prompt: str) -> str:
     """``mock/judge``'s whole answer to a judge prompt (the rule of the module)."""
-    found = sections(prompt)
+    why, ok = _decide(sections(prompt))
+    nonce = nonce_of(prompt)
+    label = f"VERDICT {nonce}" if nonce else "GRADE"
+    return f"{why}\n{label}: {'PASS' if ok else 'FAIL'}"
+
+
+def quoting_reply(prompt: str) -> str:
+    """``mock/judge-quoting``'s answer: ``mock/judge``'s, then the answer quoted back."""
+    answer = sections(prompt).get("ANSWER", "")
+    return f"{judge_reply(prompt)}\n\nFor the record, the answer I graded was:\n{answer}"
+
+
+def _decide(found: dict[str, str]) -> tuple[str, bool]:
     if "ANSWER" not in found:
-        return "I found no ANSWER section to grade.\nGRADE: FAIL"
+        return "I found no ANSWER section to grade.", False
     answer = found["ANSWER"]
     if "EXPECTED" not in found:
         ok = bool(answer.strip()) and answer.strip().endswith(".")
-        why = ("The answer is a complete sentence ending with a full stop." if ok else
-               "The answer is empty or does not end with a full stop.")
-        return f"{why}\nGRADE: {'PASS' if ok else 'FAIL'}"
+        return ("The answer is a complete sentence ending with a full stop." if ok else
+                "The answer is empty or does not end with a full stop."), ok
     got = _NORMALISE(answer)
     for item in _acceptable(found["EXPECTED"]):
         wanted = _NORMALISE(item)
         if (wanted in got) if wanted else not got:
-            return "The expected answer occurs in the answer.\nGRADE: PASS"
-    return "The expected answer does not occur in the answer.\nGRADE: FAIL"
+            return "The expected answer occurs in the answer.", True
+    return "The expected answer does not occur in the answer.", False
 
 
 def _choices(request: ChatRequest, text: str) -> list[_Choice]:
     """``text`` as each of the request's choices, cut into tokens (``max_tokens`` obeyed)."""
+    # the nonce is new in every request: the same question streams the same way
+    nonce = nonce_of(request.prompt)
+    asked = request.prompt.replace(nonce, "<nonce>") if nonce else request.prompt
     answers = []
     for index in range(request.n):
-        rng = rng_for(request.seed, request.name, request.prompt, index)
+        rng = rng_for(request.seed, request.name, asked, index)
         choice = _Choice(parts=[("content", piece) for piece in cut(rng, text)])
         _limit(choice, request, len(choice.parts))
         answers.append(choice)
@@ -120,9 +152,11 @@ def _replying(reply: Callable[[ChatRequest], str]) -> Callable[[ChatRequest, Con
 
 
 JUDGE_MODELS: dict[str, ModelSpec] = {spec.id: spec for spec in [
-    ModelSpec("mock/judge", "grades a fanout judge prompt: GRADE: PASS iff the expected "
-              "text occurs in the answer (normalised)",
+    ModelSpec("mock/judge", "grades a fanout judge prompt: VERDICT <nonce>: PASS iff the "
+              "expected text occurs in the answer (normalised)",
               _replying(lambda request: judge_reply(request.prompt))),
+    ModelSpec("mock/judge-quoting", "grades like mock/judge, then quotes the answer back "
+              "after its verdict line", _replying(lambda request: quoting_reply(request.prompt))),
     ModelSpec("mock/judge-garbage", "answers a judge prompt with prose and no verdict",
               _replying(lambda request: GARBAGE)),
     ModelSpec("slot/judge", "mock/judge in the one slot of slot/*: a new slot/* request cuts "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +109,8 @@ async def test_the_judge_grades_through_the_upstream(tmp_path: Path,
     right = scores[(work_key("right", "writer", 0), "judged")]
     judge = right["judge"]
     assert judge["model"] == "judge" and judge["model_id"] == "mock/judge"
-    assert judge["outcome"] == "completed" and judge["text"].endswith("GRADE: PASS")
+    assert judge["outcome"] == "completed" and re.search(r"\nVERDICT [0-9a-f]{16}: PASS$",
+                                                                 judge["text"])
     usage = judge["usage"]
     assert usage["prompt_tokens"] > 0 and usage["completion_tokens"] > 0
     assert judge["cost_source"] == "price"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import subprocess
 import sys
 import time
@@ -351,7 +352,7 @@ def test_batch_scores_as_results_arrive(tmp_path: Path, config: str) -> None:
     assert len(scores) == 8
     judged = scores[(work_key("capital", "echo", 0), "judged")]
     assert judged["passed"] is True
-    assert judged["judge"]["text"].rstrip().endswith("GRADE: PASS")
+    assert re.search(r"\nVERDICT [0-9a-f]{16}: PASS$", judged["judge"]["text"])
     # A rerun has nothing to send and nothing to score.
     status, _, out, err = _batch(tmp_path, config, "echo", scorers=("exact-ci", "judged"))
     assert status == 0

@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fanout.eval._text import Normalise, find_json, find_letter, numbers, parse_number
+from fanout.eval._values import quote
 from fanout.eval.judge import JudgeScorer
 from fanout.eval.scorers import (
     BUILTIN,
@@ -155,8 +156,8 @@ def test_threshold_decides_passed() -> None:
         ("includes", {"mode": "some"}, "option 'mode': must be one of 'any', 'all', "
          "not 'some'"),
         ("regex", {}, "option 'pattern': required (a regular expression)"),
-        ("regex", {"pattern": "("}, "option 'pattern': not a regular expression (missing ), "
-         "unterminated subpattern at position 0), not '('"),
+        ("regex", {"pattern": "("}, "option 'pattern': not a regular expression (missing ) "
+         "at position 1), not '('"),
         ("regex", {"pattern": "(a)", "group": 2}, "option 'group': the pattern has 1 "
          "group(s), not 2"),
         ("regex", {"pattern": "(?P<x>a)", "group": "y"}, "option 'group': the pattern has no "
@@ -376,6 +377,127 @@ def test_regex_flags_m_and_s() -> None:
     assert passes("regex", "one\ntwo", pattern=r"^two$", flags="m")
     assert not passes("regex", "one\ntwo", pattern=r"^two$")
     assert passes("regex", "a\nb", pattern=r"a.b", flags="s")
+
+
+# patterns users write for re, with texts that tell re's behaviour apart
+RE_PATTERNS = [r"answer:\s*(\w+)", r"#\d+", r"^two$", r"a.b", r"(?P<n>\d+)\s*%", r"[A-Z]+-\d+",
+               r"\bcolou?r\b", r"straße", r"\w+", r"[^\W\d_]+", r"(?i)paris", r"\$\d+(?:\.\d\d)?",
+               r"(a)?b", r"\u00e9t\u00e9", r"[[:alpha:]]", r"x{2,}", r"(?<=\$)\d+"]
+
+
+@pytest.mark.parametrize("pattern", RE_PATTERNS)
+@pytest.mark.parametrize("flags", ["", "i", "m", "s", "ims"])
+@settings(max_examples=40)
+@given(text=st.lists(st.sampled_from([*"aAbB2#$%.: \nxXéÉßSsK\u212a-_[]", "STRASSE", "answer: ",
+                                      "Paris", "colour", "été", "$12.50"]), max_size=12
+                     ).map("".join))
+def test_regex_matches_as_re_would(pattern: str, flags: str, text: str) -> None:
+    import re
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # re on "[[:alpha:]]"
+        compiled = re.compile(pattern, sum((getattr(re, f.upper()) for f in flags), 0))
+    expected = compiled.search(text)
+    if pattern == r"[[:alpha:]]":  # regex reads a POSIX class where re reads a set
+        return
+    scorer = make_scorer("r", "regex", {"pattern": pattern, "flags": flags})
+    result = scorer.score(answer(text))
+    assert result.passed is (expected is not None), (pattern, flags, text, result)
+    if expected is not None:
+        assert result.explanation == f"matched {quote(expected.group())}"
+
+
+REDOS = "a" * 40 + "!"
+
+
+@pytest.mark.parametrize("match", ["first", "last"])
+def test_a_pattern_past_its_time_limit_is_an_error_naming_the_scorer(match: str) -> None:
+    scorer = make_scorer("strict", "regex", {"pattern": "^(a|aa)+$", "match": match,
+                                             "regex_timeout": 0.05})
+    assert scorer.score(answer(REDOS)) == Score(
+        "error", None, None,
+        "regex timed out after 0.05 s (scorer 'strict', pattern '^(a|aa)+$')")
+    assert scorer.score(answer("aaaa")).passed is True  # the next answer is scored
+
+
+def test_the_time_limit_is_for_all_of_an_answers_matches() -> None:
+    # 40 lines that each take a while: every match fits, all of them do not
+    scorer = make_scorer("r", "regex", {"pattern": "^(a|aa)+$", "flags": "m", "match": "last",
+                                        "regex_timeout": 0.05})
+    result = scorer.score(answer(("a" * 22 + "!\n") * 40))
+    assert result.status == "error" and "timed out after 0.05 s" in result.explanation
+
+
+def test_nested_quantifiers_that_regex_resolves_are_plain_fails() -> None:
+    result = score("regex", REDOS, pattern="^(a+)+$")
+    assert (result.status, result.passed) == ("scored", False)
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"w": {"type": "string", "pattern": "^(a|aa)+$"}}},
+    {"type": "object", "patternProperties": {"^(a|aa)+$": {"type": "string"}}},
+    {"type": "object", "properties": {"x": {}},
+     "patternProperties": {"^(a|aa)+$": {}}, "additionalProperties": False},
+    {"type": "array", "items": {"$ref": "#/$defs/w"},
+     "$defs": {"w": {"type": "string", "pattern": "^(a|aa)+$"}}},
+])
+def test_a_json_schemas_patterns_have_the_time_limit(schema: dict[str, Any]) -> None:
+    scorer = make_scorer("shape", "json", {"schema": schema, "regex_timeout": 0.05})
+    value = [REDOS] if schema["type"] == "array" else {"w": REDOS, REDOS: "x"}
+    assert scorer.score(answer(json.dumps(value))) == Score(
+        "error", None, None,
+        "regex timed out after 0.05 s (scorer 'shape', pattern '^(a|aa)+$')")
+
+
+def test_a_json_schemas_patterns_still_decide_as_jsonschema_says() -> None:
+    schema = {"type": "object", "properties": {"id": {"type": "string", "pattern": "^[A-Z]+-\\d+$"}},
+              "patternProperties": {"^x-": {"type": "integer"}}, "additionalProperties": False}
+    assert passes("json", '{"id": "AB-12", "x-n": 3}', schema=schema)
+    assert score("json", '{"id": "ab", "x-n": 3}', schema=schema).explanation == (
+        "not valid against the schema: id: 'ab' does not match '^[A-Z]+-\\\\d+$'")
+    assert score("json", '{"id": "AB-1", "x-n": "3"}', schema=schema).explanation == (
+        "not valid against the schema: x-n: '3' is not of type 'integer'")
+    assert score("json", '{"id": "AB-1", "y": 1}', schema=schema).explanation == (
+        "not valid against the schema: (root): 'y' does not match any of the regexes: '^x-'")
+    plain = {"type": "object", "properties": {"a": {}}, "additionalProperties": False}
+    assert score("json", '{"a": 1, "b": 2, "c": 3}', schema=plain).explanation == (
+        "not valid against the schema: (root): Additional properties are not allowed "
+        "('b', 'c' were unexpected)")
+
+
+def test_a_schema_pattern_regex_cannot_compile_is_said_not_raised() -> None:
+    # the schema check compiles patterns with re; one that regex refused at match time
+    # (none is known) would be an error score naming it, not a traceback
+    from fanout.eval._pattern import Deadline, LimitedValidator, PatternError
+
+    with pytest.raises(PatternError, match=r"^schema pattern '\(': not a regular expression"):
+        LimitedValidator({"type": "string", "pattern": "("}).errors("x", Deadline(1.0))
+
+
+def test_unevaluated_properties_beside_pattern_properties_is_refused() -> None:
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object",
+              "patternProperties": {"^x": {}}, "unevaluatedProperties": False}
+    with pytest.raises(ValueError, match=r"^option 'schema': 'unevaluatedProperties' with "
+                                         r"'patternProperties' is not supported"):
+        make_scorer("s", "json", {"schema": schema})
+
+
+@pytest.mark.parametrize("value", [0, -1, "1", True, float("inf"), 3601])
+def test_regex_timeout_must_be_some_seconds(value: Any) -> None:
+    for kind, options in (("regex", {"pattern": "a"}), ("json", {}), ("judge", {"model": "m"})):
+        with pytest.raises(ValueError, match=r"^option 'regex_timeout': must be a number of "
+                                             r"seconds in \(0, 3600\], not "):
+            make_scorer(kind, kind, {**options, "regex_timeout": value})
+
+
+def test_regex_timeout_at_its_default_leaves_the_key_alone() -> None:
+    for kind, options in (("regex", {"pattern": "a"}), ("json", {"schema": {}})):
+        plain = make_scorer(kind, kind, options).key
+        assert make_scorer(kind, kind, {**options, "regex_timeout": 1}).key == plain
+        assert make_scorer(kind, kind, {**options, "regex_timeout": 5}).key != plain
+    judge = make_scorer("j", "judge", {"model": "m"}).key
+    assert make_scorer("j", "judge", {"model": "m", "regex_timeout": 5}).key == judge
 
 
 # ---------------------------------------------------------------- numeric
@@ -826,6 +948,8 @@ def test_hostile_answers_take_linear_time() -> None:
         n = 400_000
         texts = ["\\n" * n, "```\\n" * (n // 4), " \\n" * (n // 2) + "B", "answer " + "*" * n,
                  "answer is " * (n // 10), "1," * (n // 2), "GRADE:" + " " * n,
+                 "VERDICT 0123456789abcdef:" + " " * n, "0123456789abcdef" * (n // 16),
+                 "<<<BEGIN ANSWER>>>" * (n // 18),
                  "A or B, (c) **d** " * (n // 18), "[" * n, "1e" * (n // 2), "<" * n]
         scorers = [make_scorer(k, k, {}) for k in ("exact", "includes", "numeric", "choice",
                                                    "json", "tool_call", "finish")]
@@ -834,8 +958,8 @@ def test_hostile_answers_take_linear_time() -> None:
             answer = Answer("q", "m", 0, "completed", text, expected="B")
             for scorer in scorers:
                 assert scorer.score(answer).status in ("scored", "error")
-            assert judge.verdict(text).status in ("scored", "error")
-            judge.messages(answer)
+            assert judge.verdict(text, "0123456789abcdef").status in ("scored", "error")
+            judge.request(answer)
         print("ok")
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
@@ -927,7 +1051,7 @@ def test_any_record_makes_an_answer_every_builtin_can_score(record: dict[str, An
         assert "\n" not in result.explanation
     grader = make_scorer("j", "judge", {"model": "m"})
     assert isinstance(grader, JudgeScorer)
-    assert [m["role"] for m in grader.messages(a)] == ["system", "user"]
+    assert [m["role"] for m in grader.request(a).messages] == ["system", "user"]
 
 
 @pytest.mark.parametrize("choice", [
@@ -949,7 +1073,7 @@ def test_odd_choices_are_scored_without_raising(choice: dict[str, Any]) -> None:
     assert tool.passed is not True
     grader = make_scorer("j", "judge", {"model": "m"})
     assert isinstance(grader, JudgeScorer)
-    grader.messages(a)
+    grader.request(a)
 
 
 def test_score_values_are_checked() -> None:
@@ -985,7 +1109,8 @@ def test_scorers_and_judge_import_neither_trio_nor_httpx() -> None:
         answer = scorers.Answer('q1', 'm', 0, 'completed', 'Answer: B', expected='b')
         assert scorers.BUILTIN['choice'].score(answer).passed is True
         grader = scorers.make_scorer('j', 'judge', {{'model': 'judge'}})
-        assert grader.verdict('GRADE: PASS').passed is True
+        assert grader.verdict('VERDICT 0123456789abcdef: PASS', '0123456789abcdef').passed
+        assert grader.verdict('GRADE: PASS', '0123456789abcdef').status == 'error'
         loaded = sorted(m for m in sys.modules
                         if m.split('.')[0] in ('trio', 'httpx', 'httpcore', 'anyio'))
         print(loaded)
