@@ -573,7 +573,7 @@ def test_answers_and_judges_on_one_slot_share_its_limit(tmp_path: Path, cadence:
     for (key, _), score in scores.items():
         # each verdict is the judge's whole reply, about the answer that stands
         assert score["status"] == "scored" and score["judge"]["outcome"] == "completed", score
-        assert score["judge"]["text"].rstrip().endswith(("GRADE: PASS", "GRADE: FAIL"))
+        assert re.search(r"\nVERDICT [0-9a-f]{16}: (PASS|FAIL)$", score["judge"]["text"].rstrip())
         assert score["answer_key"] == answer_key(final[key])
     cut_answers = len(records(output)) - 20
     line = next(line for line in err.splitlines() if "streams ran at once" in line)
@@ -607,8 +607,9 @@ def test_a_relay_that_hides_cuts_is_met_by_capping_the_endpoint(tmp_path: Path,
                and r["others_running"] == 0 for r in every)
     scores = read_scores(scores_path(output))
     assert len(scores) == 20 and all(
-        s["status"] == "scored" and s["judge"]["text"].rstrip().endswith(
-            ("GRADE: PASS", "GRADE: FAIL")) for s in scores.values())
+        s["status"] == "scored"
+        and re.search(r"\nVERDICT [0-9a-f]{16}: (PASS|FAIL)$", s["judge"]["text"].rstrip())
+        for s in scores.values())
     assert "ran at once" not in err and "cut by the server" not in out
 
 
