@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from contextlib import suppress
 from typing import Any
 
@@ -170,14 +171,25 @@ class RawConnection:
     async def read_until(self, done: bytes | None = None, *, count: int = 1) -> bytes:
         """Read until ``done`` has arrived ``count`` times, or EOF (``None``: until EOF)."""
         while not self.closed and (done is None or self.data.count(done) < count):
-            try:
-                data = await self.stream.receive_some(65536)
-            except trio.BrokenResourceError:
-                data = b""
-            if not data:
-                self.closed = True
-            self.data += data
+            await self.read_some()
         return self.data
+
+    async def read_until_holds(self, predicate: Callable[[RawConnection], bool]) -> bytes:
+        """Read until ``predicate(self)`` holds after a read, or EOF."""
+        while not self.closed and not predicate(self):
+            await self.read_some()
+        return self.data
+
+    async def read_some(self) -> bytes:
+        """One read (EOF or a reset sets ``closed``)."""
+        try:
+            data = await self.stream.receive_some(65536)
+        except trio.BrokenResourceError:
+            data = b""
+        if not data:
+            self.closed = True
+        self.data += data
+        return data
 
     async def aclose(self) -> None:
         await self.stream.aclose()
