@@ -2,18 +2,24 @@
 
 For tests of *when* the upstream sends (pacing, pauses, drips, noticing a client that
 left): the server's own connection handler runs against in-memory clients that record
-every write with its virtual time.  No socket is involved, so the autojump clock is safe,
+every write with its virtual time.  For tests of *when* fanout does something (queueing
+in a client's pool, deadlines), ``http_client()`` gives an httpx client whose
+connections reach the same handler in memory.  No socket is involved, so the autojump clock is safe,
 pauses are exact, and a test neither waits nor depends on how loaded the machine is.
 What the bytes look like on a real socket is tested over loopback elsewhere.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import math
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any, cast
 
+import httpcore
+import httpx
 import trio
+import trio.testing
 
 from fanout.upstream.capture import PACKAGED_CAPTURES, find_captures
 from fanout.upstream.models import Context
@@ -104,6 +110,20 @@ class VirtualUpstream:
     def stats(self) -> UpstreamStats:
         return self.server.stats
 
+    def http_client(self, **options: Any) -> httpx.AsyncClient:
+        """An httpx client (``options`` as for ``httpx.AsyncClient``: limits, timeout...)
+        whose connections reach this upstream over in-memory streams, on virtual time.
+
+        Its transport is httpx's own, pool and traces included; only the network under
+        the pool is swapped.  Any host and port reach this upstream.
+        """
+        client = httpx.AsyncClient(base_url="http://upstream.test/v1", trust_env=False,
+                                   **options)
+        transport = client._transport  # httpx has no public accessor
+        assert isinstance(transport, httpx.AsyncHTTPTransport)
+        transport._pool._network_backend = _VirtualNetwork(self)
+        return client
+
     def connect(self, model: str, *, headers: dict[str, str] | None = None,
                 **body: Any) -> VirtualClient:
         """Open a connection and send one chat request for ``model``, now."""
@@ -118,3 +138,54 @@ async def virtual_upstream(**options: Any) -> AsyncIterator[VirtualUpstream]:
     async with trio.open_nursery() as nursery:
         yield VirtualUpstream(nursery, **options)
         nursery.cancel_scope.cancel()
+
+
+class _VirtualNetworkStream(httpcore.AsyncNetworkStream):
+    """httpcore's side of one in-memory connection."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self._stream = stream
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        try:
+            with trio.fail_after(math.inf if timeout is None else timeout):
+                return await self._stream.receive_some(max_bytes)
+        except trio.TooSlowError as exc:
+            raise httpcore.ReadTimeout(str(exc)) from exc
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise httpcore.ReadError(str(exc)) from exc
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        try:
+            with trio.fail_after(math.inf if timeout is None else timeout):
+                await self._stream.send_all(buffer)
+        except trio.TooSlowError as exc:
+            raise httpcore.WriteTimeout(str(exc)) from exc
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise httpcore.WriteError(str(exc)) from exc
+
+    async def aclose(self) -> None:
+        await trio.aclose_forcefully(self._stream)
+
+    def get_extra_info(self, info: str) -> Any:
+        return None
+
+
+class _VirtualNetwork(httpcore.AsyncNetworkBackend):
+    """Every connection opened is one more connection the upstream handles."""
+
+    def __init__(self, upstream: VirtualUpstream) -> None:
+        self._upstream = upstream
+
+    async def connect_tcp(self, host: str, port: int, timeout: float | None = None,
+                          local_address: str | None = None,
+                          socket_options: Iterable[Any] | None = None,
+                          ) -> httpcore.AsyncNetworkStream:
+        ours, theirs = trio.testing.memory_stream_pair()
+        self._upstream._nursery.start_soon(self._upstream.server.handle,
+                                           cast(trio.SocketStream, theirs))
+        await trio.lowlevel.checkpoint()
+        return _VirtualNetworkStream(ours)
+
+    async def sleep(self, seconds: float) -> None:
+        await trio.sleep(seconds)
