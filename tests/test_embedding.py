@@ -206,12 +206,12 @@ async def test_a_small_pool_of_your_own_counts_as_queueing_not_ttft(
     limits = httpx.Limits(max_connections=2, max_keepalive_connections=2)
     async with virtual_upstream() as upstream:
         endpoint = Endpoint("http://upstream.test/v1", "sk-pool")
-        async with upstream.http_client(limits=limits,
-                                        timeout=httpx.Timeout(10, read=None)) as client:
-            async with open_fanout(endpoint, requests, client=client,
-                                   deadlines=Deadlines(first_token=0.3)) as fan:
-                async for _ in fan.events:
-                    pass
+        timeout = httpx.Timeout(10, read=None)
+        async with (upstream.http_client(limits=limits, timeout=timeout) as client,
+                    open_fanout(endpoint, requests, client=client,
+                                deadlines=Deadlines(first_token=0.3)) as fan):
+            async for _ in fan.events:
+                pass
         assert upstream.stats.connections_opened == 2
     results = list(fan.results.values())
     assert {r.outcome for r in results} == {Outcome.COMPLETED}, [r.reason for r in results]
