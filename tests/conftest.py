@@ -17,11 +17,20 @@ from fanout.upstream import RunningUpstream, serve_upstream
 WATCHDOG_SECONDS = 20
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "watchdog(seconds): this loopback test's hang guard, when the default "
+        f"{WATCHDOG_SECONDS} s is too short for its work on a loaded machine")
+
+
 @pytest.fixture
-async def watchdog(nursery: trio.Nursery) -> None:
+async def watchdog(nursery: trio.Nursery, request: pytest.FixtureRequest) -> None:
+    marker = request.node.get_closest_marker("watchdog")
+    seconds = marker.args[0] if marker else WATCHDOG_SECONDS
+
     async def bark() -> None:
-        await trio.sleep(WATCHDOG_SECONDS)
-        raise TimeoutError(f"a loopback test ran longer than {WATCHDOG_SECONDS} s")
+        await trio.sleep(seconds)
+        raise TimeoutError(f"a loopback test ran longer than {seconds} s")
 
     nursery.start_soon(bark)
 

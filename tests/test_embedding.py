@@ -26,6 +26,7 @@ from fanout import (
 from fanout.upstream import RunningUpstream
 from tests.net.scripted import Script, stream
 from tests.net.test_stream import ENDPOINT, MESSAGES, request, text_steps
+from tests.upstream.virtual import virtual_upstream
 
 
 async def test_a_handle_waits_for_one_stream_and_shows_its_progress(
@@ -196,26 +197,30 @@ async def test_an_exception_in_the_block_comes_out_unwrapped(autojump_clock: Moc
 
 
 async def test_a_small_pool_of_your_own_counts_as_queueing_not_ttft(
-        upstream: RunningUpstream) -> None:
+        autojump_clock: MockClock) -> None:
     # 6 streams at once through a client whose pool holds 2 connections: 4 of them wait
     # for a connection.  That wait is queueing; it must not eat the first-token deadline.
-    endpoint = Endpoint(upstream.base_url, "sk-pool")
+    # The upstream is reached in memory, on virtual time: the times below are exact.
     requests = [StreamRequest(f"s{i}", "mock/slow", MESSAGES, {"max_tokens": 12})
                 for i in range(6)]
     limits = httpx.Limits(max_connections=2, max_keepalive_connections=2)
-    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(10, read=None)) as client:
-        with trio.fail_after(30):
-            async with open_fanout(endpoint, requests, client=client,
-                                   deadlines=Deadlines(first_token=0.3)) as fan:
-                async for _ in fan.events:
-                    pass
+    async with virtual_upstream() as upstream:
+        endpoint = Endpoint("http://upstream.test/v1", "sk-pool")
+        timeout = httpx.Timeout(10, read=None)
+        async with (upstream.http_client(limits=limits, timeout=timeout) as client,
+                    open_fanout(endpoint, requests, client=client,
+                                deadlines=Deadlines(first_token=0.3)) as fan):
+            async for _ in fan.events:
+                pass
+        assert upstream.stats.connections_opened == 2
     results = list(fan.results.values())
     assert {r.outcome for r in results} == {Outcome.COMPLETED}, [r.reason for r in results]
-    waited = [r for r in results if r.timings and r.timings.queued > 0.3]
-    assert len(waited) >= 2  # each queued longer than the whole first-token deadline
-    for result in waited:
+    assert all(r.timings is not None for r in results)
+    queued = sorted(r.timings.queued for r in results if r.timings)
+    assert queued[:2] == [0, 0] and all(q > 0.3 for q in queued[2:])  # 4 waited for a
+    for result in results:  # connection longer than the whole first-token deadline
         assert result.timings is not None and result.timings.ttft is not None
-        assert result.timings.ttft < result.timings.queued
+        assert 0 < result.timings.ttft <= 0.3  # the model's own latency, from its request
 
 
 async def test_one_shared_client_serves_many_fan_outs(upstream: RunningUpstream) -> None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 import httpx
 import pytest
 import trio
+from trio.testing import MockClock
 
 from fanout import (
     ChoiceFinished,
@@ -21,6 +23,8 @@ from fanout import (
 )
 from fanout.upstream import MODELS, RunningUpstream, open_upstream
 from tests.captures import load, names
+from tests.upstream.virtual import VirtualClient, virtual_upstream
+from tests.upstream.wire import dechunk, payloads
 
 MESSAGES = [{"role": "user", "content": "Tell me something about rivers."}]
 WEATHER_TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {
@@ -44,18 +48,20 @@ class Reply:
 
 
 async def chat(client: httpx.AsyncClient, model: str, *, headers: dict[str, str] | None = None,
-               limit: float | None = None, **body: Any) -> Reply:
+               until: Callable[[bytes], bool] | None = None, **body: Any) -> Reply:
     payload = {"model": model, "messages": MESSAGES, "stream": True, **body}
     reads: list[bytes] = []
     error: Exception | None = None
     async with client.stream("POST", "/chat/completions", json=payload,
                              headers=headers or {}) as response:
-        with trio.move_on_after(limit if limit is not None else float("inf")):
-            try:
+        try:
+            with trio.CancelScope() as enough:  # cancelled inside httpx's read: it unwinds
                 async for data in response.aiter_raw():
                     reads.append(data)
-            except httpx.TransportError as exc:
-                error = exc
+                    if until is not None and until(b"".join(reads)):
+                        enough.cancel()  # the body need not end
+        except httpx.TransportError as exc:
+            error = exc
     return Reply(response.status_code, response.headers, reads, error)
 
 
@@ -143,11 +149,20 @@ async def test_mock_length(client: httpx.AsyncClient) -> None:
         "include_usage": True})).result().usage.completion_tokens == 4  # type: ignore[union-attr]
 
 
-async def test_cadence_header_spaces_the_chunks(client: httpx.AsyncClient) -> None:
-    start = trio.current_time()
-    reply = await chat(client, "mock/fast", max_tokens=5, headers={"x-fanout-cadence": "0.05"})
-    assert trio.current_time() - start >= 5 * 0.05  # a lower bound: sleeps never end early
-    assert len(reply.reads) >= 5
+async def test_cadence_header_spaces_the_chunks(autojump_clock: MockClock) -> None:
+    async with virtual_upstream() as upstream:
+        client = upstream.connect("mock/fast", max_tokens=5,
+                                  headers={"x-fanout-cadence": "0.05"})
+        await client.wait_for(lambda c: c.body.complete)
+    head, *writes = client.writes
+    assert head[0] == 0 and b" 200 " in head[1]
+    # the role chunk at once, then each delta 0.05 s after the one before, in a write of
+    # its own (the last with the finish and [DONE])
+    assert [round(at, 6) for at, _ in writes] == [0, 0.05, 0.1, 0.15, 0.2, 0.25]
+    deltas = [[c["choices"][0]["delta"].get("content") for c in payloads(dechunk(data).body)
+               if c["choices"]] for _, data in writes]
+    assert deltas[0] == [""] and all(len(d) == 1 and d[0] for d in deltas[1:-1])
+    assert deltas[-1][0] and b"[DONE]" in writes[-1][1]
 
 
 async def test_truncate_closes_mid_event(client: httpx.AsyncClient) -> None:
@@ -173,33 +188,66 @@ async def test_drop_chunked_dies_inside_an_http_chunk(client: httpx.AsyncClient)
 
 
 async def test_stall_keeps_the_socket_open(client: httpx.AsyncClient) -> None:
-    reply = await chat(client, "fault/stall:3", limit=0.5)
-    assert reply.error is None  # nothing closed: we gave up waiting
+    reply = await chat(client, "fault/stall:3", until=lambda body: body.count(b"\n\n") >= 3)
+    assert reply.error is None  # nothing closed: we stopped reading
     result = reply.result()
     assert result.outcome is Outcome.TRUNCATED and result.events == 3
 
 
+async def test_stall_sends_nothing_more_and_notices_the_client_leave(
+        autojump_clock: MockClock) -> None:
+    async with virtual_upstream() as upstream:
+        client = upstream.connect("fault/stall:3")
+        await trio.sleep(3600)
+        assert client.closed_at is None and not client.body.complete
+        assert all(at == 0 for at, _ in client.writes)  # all at once, then an hour of nothing
+        assert len(payloads(client.body.body)) == 3
+        client.leave()
+        await client.wait_for(lambda c: c.closed_at is not None)
+        assert client.closed_at == 3600  # at once: the hang watches the socket
+
+
 async def test_heartbeat_stall_sends_only_comments(client: httpx.AsyncClient) -> None:
-    reply = await chat(client, "fault/heartbeat-stall:2", limit=0.7,
-                       headers={"x-fanout-cadence": "0.1"})
+    reply = await chat(client, "fault/heartbeat-stall:2", headers={"x-fanout-cadence": "0.01"},
+                       until=lambda body: body.count(b": ping") >= 3)
     result = reply.result()
     assert result.events == 2 and result.comments >= 3
     assert result.outcome is Outcome.TRUNCATED
 
 
+async def test_heartbeat_stall_pings_at_the_cadence_for_ever(autojump_clock: MockClock) -> None:
+    async with virtual_upstream() as upstream:
+        client = upstream.connect("fault/heartbeat-stall:2", headers={"x-fanout-cadence": "0.1"})
+        await trio.sleep(60 + 0.05)
+        assert client.closed_at is None
+    _, *writes = client.writes
+    assert [round(at, 6) for at, _ in writes] == [round(0.1 * k, 6) for k in range(601)]
+    bodies = [dechunk(data).body for _, data in writes]
+    assert [len(payloads(body)) for body in bodies[:2]] == [1, 1]  # the two events
+    assert set(bodies[2:]) == {b": ping - fanout keep-alive\n\n"}  # then only comments
+
+
 async def test_slow_first_token(client: httpx.AsyncClient) -> None:
     parser = StreamParser()
-    seen: dict[str, float] = {}
-    start = trio.current_time()
-    async with client.stream("POST", "/chat/completions", headers={"x-fanout-delay": "0.3"},
+    kinds: list[str] = []
+    async with client.stream("POST", "/chat/completions", headers={"x-fanout-delay": "0.05"},
                              json={"model": "fault/slow-first-token", "messages": MESSAGES,
                                    "stream": True}) as response:
         async for data in response.aiter_raw():
-            for event in parser.feed(data):
-                kind = "text" if isinstance(event, TextDelta) else "other"
-                seen.setdefault(kind, trio.current_time() - start)
-    assert seen["text"] - seen["other"] >= 0.3
+            kinds += ["text" if isinstance(e, TextDelta) else "other" for e in parser.feed(data)]
+    assert kinds[0] == "other" and "text" in kinds  # the role chunk came before any text
     assert parser.result().outcome is Outcome.COMPLETED
+
+
+async def test_slow_first_token_waits_the_delay(autojump_clock: MockClock) -> None:
+    async with virtual_upstream() as upstream:
+        client = upstream.connect("fault/slow-first-token", headers={"x-fanout-delay": "0.3"})
+        await client.wait_for(lambda c: c.body.complete)
+    _, (role_at, role), (text_at, text) = client.writes
+    assert role_at == 0 and [c["choices"][0]["delta"] for c in payloads(dechunk(role).body)] == [
+        {"role": "assistant", "content": ""}]
+    assert text_at == pytest.approx(0.3)  # the rest, at cadence 0, in one write
+    assert payloads(dechunk(text).body)[0]["choices"][0]["delta"]["content"]
 
 
 async def test_garbage_frames_are_skipped_text_complete(client: httpx.AsyncClient) -> None:
@@ -275,12 +323,26 @@ async def test_replay_serves_each_capture_as_recorded(client: httpx.AsyncClient,
     assert reply.result() == expected
 
 
-async def test_replay_keeps_the_recorded_timing(client: httpx.AsyncClient) -> None:
+@pytest.mark.parametrize("scale", [1.0, 0.5])
+async def test_replay_keeps_the_recorded_timing(autojump_clock: MockClock, scale: float) -> None:
     capture = load("01_plain")
-    span = (capture.reads[-1][0] - capture.reads[0][0]) / 1000
-    start = trio.current_time()
-    await chat(client, "replay/01_plain:x0.5")
-    assert trio.current_time() - start >= span * 0.5 * 0.9
+    first = next(at for at, length in capture.reads if length == 0)
+    expected: dict[float, bytes] = {}  # virtual second -> the body written then
+    for at_ms, piece in capture.pieces():
+        at = round(max(at_ms - first, 0) / 1000 * scale, 6)
+        expected[at] = expected.get(at, b"") + piece
+    async with virtual_upstream() as upstream:
+        client = upstream.connect(f"replay/01_plain:x{scale}")
+        await client.wait_for(lambda c: c.body.complete)
+    assert len(expected) > 5 and written_by_time(client) == expected
+
+
+def written_by_time(client: VirtualClient) -> dict[float, bytes]:
+    """The body bytes each write carried, by the virtual second they were written at."""
+    out: dict[float, bytes] = {}
+    for at, data in client.writes[1:]:
+        out[round(at, 6)] = out.get(round(at, 6), b"") + dechunk(data).body
+    return out
 
 
 async def _read_sizes(client: httpx.AsyncClient, fragment: str) -> tuple[list[bytes], Reply]:

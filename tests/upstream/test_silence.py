@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import zlib
 
 import httpx
 import pytest
 import trio
+from trio.testing import MockClock
 
 from fanout import Outcome, parse_stream
 from fanout.upstream import RunningUpstream
 from fanout.upstream.bomb import EVENT, MIB, gzip_bomb_size
 from fanout.upstream.models import DRIP_BODY, Context, plan_chat
 from fanout.upstream.plans import Pause, Send, parse_chat_request
+from tests.upstream.virtual import virtual_upstream
 from tests.upstream.wire import TIMEOUT, RawConnection, chat, dechunk, payloads, raw_chat
 
 
@@ -25,6 +26,17 @@ async def test_no_response_sends_nothing_and_keeps_the_socket(upstream: RunningU
     assert upstream.stats.requests == {"fault/no-response": 1}
 
 
+async def test_no_response_is_silent_for_ever_and_notices_the_client_leave(
+        autojump_clock: MockClock) -> None:
+    async with virtual_upstream() as upstream:
+        client = upstream.connect("fault/no-response")
+        await trio.sleep(3600)
+        assert (client.writes, client.closed_at) == ([], None)  # an hour of silence, open
+        client.leave()
+        await client.wait_for(lambda c: c.closed_at is not None)
+        assert client.closed_at == 3600  # at once: the hang watches the socket
+
+
 async def test_no_response_through_httpx_is_a_read_timeout(upstream: RunningUpstream) -> None:
     timeout = httpx.Timeout(connect=5, read=0.3, write=5, pool=5)
     async with httpx.AsyncClient(base_url=upstream.base_url, timeout=timeout) as http:
@@ -33,33 +45,62 @@ async def test_no_response_through_httpx_is_a_read_timeout(upstream: RunningUpst
 
 
 async def test_drip_headers_never_ends_the_head(upstream: RunningUpstream) -> None:
-    with trio.fail_after(3):
-        raw = await raw_chat(upstream, "fault/drip-headers:0.05", wait=0.5)
-    assert not raw.closed and raw.data.startswith(b"HTTP/1.1 200 OK\r\n")
-    assert b"\r\n\r\n" not in raw.data
-    dripped = raw.data.removeprefix(b"HTTP/1.1 200 OK\r\n")
-    assert (b"x-fanout-drip: " + b"a" * 100).startswith(dripped)
-    assert 4 <= len(dripped) <= 11  # a byte every 50 ms for 0.5 s
-    assert all(len(data) == 1 for _, data in raw.reads[1:])
-    gaps = [b - a for (a, _), (b, _) in zip(raw.reads[1:], raw.reads[2:], strict=False)]
-    assert gaps and min(gaps) >= 0.03
+    # Over loopback: the status line, then the header byte by byte, and never its end.
+    # (When each byte is sent is checked on the virtual clock, below.)
+    connection = await RawConnection.start(upstream, "fault/drip-headers:0.01")
+    try:
+        with trio.fail_after(10):
+            await connection.read_until(b"x-fanout-drip: aaaaa")
+    finally:
+        await connection.aclose()
+    assert not connection.closed
+    status, _, dripped = connection.data.partition(b"\r\n")
+    assert status == b"HTTP/1.1 200 OK" and b"\r\n" not in dripped  # no end to the header
+    assert dripped.startswith(b"x-fanout-drip: aaaaa") and set(dripped[15:]) == {ord("a")}
+
+
+async def test_drip_headers_sends_one_byte_per_pause_for_ever(autojump_clock: MockClock) -> None:
+    async with virtual_upstream() as upstream:
+        client = upstream.connect("fault/drip-headers:0.05")
+        await trio.sleep(60 + 0.025)  # 1,200 pauses of virtual time
+        (status_at, status), *drips = client.writes
+        assert client.closed_at is None
+    assert (status_at, status) == (0, b"HTTP/1.1 200 OK\r\n")
+    assert [round(at, 6) for at, _ in drips] == [round(0.05 * k, 6) for k in range(1, 1201)]
+    assert all(len(data) == 1 for _, data in drips)  # one write per byte
+    assert b"".join(d for _, d in drips) == b"x-fanout-drip: " + b"a" * (1200 - 15)
 
 
 async def test_drip_body_is_one_byte_at_a_time_of_an_endless_event(
         upstream: RunningUpstream) -> None:
-    with trio.fail_after(3):
-        connection = await RawConnection.start(upstream, "fault/drip-body:0.02")
-        await connection.read_until(b"\r\n\r\n")
-        with trio.move_on_after(0.5):
-            await connection.read_until(None)
+    # @event: a server that fell behind (a loaded machine) still writes each byte on its
+    # own; by default it would coalesce what is due, as a socket buffer would.
+    connection = await RawConnection.start(upstream, "fault/drip-body:0.01@event")
+    try:
+        with trio.fail_after(10):
+            await connection.read_until_holds(lambda c: len(c.body.chunks) >= 10)
+    finally:
+        await connection.aclose()
     head, _, _ = connection.data.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200 ") and b"text/event-stream" in head
     body = connection.body
     assert not body.complete and all(len(c) == 1 for c in body.chunks)
-    assert len(body.chunks) >= 10 and not connection.closed
+    assert not connection.closed
     sent = body.body
     assert sent == (DRIP_BODY + b"x" * 1000)[: len(sent)]
-    await connection.aclose()
+
+
+async def test_drip_body_sends_one_chunk_per_pause_for_ever(autojump_clock: MockClock) -> None:
+    async with virtual_upstream() as upstream:
+        client = upstream.connect("fault/drip-body:0.02")
+        await trio.sleep(60 + 0.01)  # 3,000 pauses of virtual time
+        (head_at, head), *drips = client.writes
+        assert client.closed_at is None
+    assert head_at == 0 and head.endswith(b"\r\n\r\n") and b"text/event-stream" in head
+    assert [round(at, 6) for at, _ in drips] == [round(0.02 * k, 6) for k in range(3001)]
+    chunks = [dechunk(data) for _, data in drips]
+    assert all(len(c.chunks) == 1 and len(c.chunks[0]) == 1 and not c.rest for c in chunks)
+    assert b"".join(c.chunks[0] for c in chunks) == (DRIP_BODY + b"x" * 3001)[:3001]
 
 
 def test_drip_paces_every_byte() -> None:
@@ -152,12 +193,32 @@ async def test_endless_never_ends(upstream: RunningUpstream) -> None:
     assert all(len(c["choices"][0]["delta"]["content"]) <= 8 for c in chunks[1:])
 
 
-async def test_endless_at_a_cadence(client: httpx.AsyncClient) -> None:
-    reply = await chat(client, "fault/endless:0.02", limit=0.3)
-    count = reply.body.count(b"data: ")
-    assert 5 <= count <= 17 and reply.error is None
-    assert json.loads(reply.body.split(b"\n\n")[0][6:])["choices"][0]["delta"]["role"] == (
-        "assistant")
+async def test_endless_at_a_cadence(upstream: RunningUpstream) -> None:
+    connection = await RawConnection.start(upstream, "fault/endless:0.01")
+    try:
+        with trio.fail_after(10):
+            await connection.read_until(b"\n\n", count=5)
+    finally:
+        await connection.aclose()
+    assert not connection.closed
+    first, *deltas = payloads(connection.body.body)
+    assert first["choices"][0]["delta"]["role"] == "assistant"
+    assert len(deltas) >= 4 and all(d["choices"][0]["delta"]["content"] for d in deltas)
+
+
+async def test_endless_sends_one_delta_per_pause_for_ever(autojump_clock: MockClock) -> None:
+    async with virtual_upstream() as upstream:
+        client = upstream.connect("fault/endless:0.02")
+        await trio.sleep(60 + 0.01)
+        (head_at, _), *writes = client.writes
+        assert client.closed_at is None
+    assert head_at == 0 and [round(at, 6) for at, _ in writes] == [
+        round(0.02 * k, 6) for k in range(3001)]
+    for k, (_, data) in enumerate(writes):
+        [chunk] = payloads(dechunk(data).body)  # one event a write
+        delta = chunk["choices"][0]["delta"]
+        assert delta == {"role": "assistant", "content": ""} if k == 0 else delta["content"]
+        assert chunk["choices"][0]["finish_reason"] is None
 
 
 def test_dechunk_helper() -> None:

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
 import pytest
 import trio
+from trio.testing import MockClock
 
 from fanout.upstream import RunningUpstream
 from fanout.upstream.models import Context, Slot, plan_chat
 from fanout.upstream.plans import Abort, Send, parse_chat_request
+from fanout.upstream.server import WATCH_PAUSES
+from tests.upstream.virtual import virtual_upstream
 from tests.upstream.wire import RawConnection, payloads
 
 END = b"\r\n0\r\n\r\n"  # the zero-length chunk that ends a chunked body
@@ -100,17 +104,24 @@ async def test_relay_cut_before_any_content_looks_like_an_empty_answer(
     await b.aclose()
 
 
-async def test_the_cut_is_prompt(upstream: RunningUpstream) -> None:
-    with trio.fail_after(5):
-        a = await RawConnection.start(upstream, "slot/clean:0.05", headers=LONG)
-        await a.read_until(b'"content":"', count=2)
-        start = trio.current_time()
-        b = await RawConnection.start(upstream, "slot/clean:0", max_tokens=2)
-        await a.read_until(END)
-        assert trio.current_time() - start < 0.05 + 0.1  # at its next chunk, at the latest
-        await b.read_until(END)
-    await a.aclose()
-    await b.aclose()
+@pytest.mark.parametrize("seed", range(5))
+async def test_the_cut_is_prompt(autojump_clock: MockClock, seed: int) -> None:
+    rng = random.Random(seed)
+    async with virtual_upstream() as upstream:
+        a = upstream.connect("slot/clean:0.05", headers=LONG)
+        chunks = 2 + rng.randrange(5)  # the role chunk's "" and 1 to 5 content chunks
+        await a.wait_for(lambda c: c.data.count(b'"content":"') >= chunks)
+        await trio.sleep(rng.uniform(0.001, 0.049))  # some moment between two of a's chunks
+        cut_at = a.now
+        b = upstream.connect("slot/clean:0", max_tokens=2)
+        await a.wait_for(lambda c: c.body.complete)
+        await b.wait_for(lambda c: c.body.complete)
+    last_before = max(at for at, _ in a.writes if at < cut_at)
+    after = [(at, data) for at, data in a.writes if at > cut_at]
+    assert len(after) == 1  # nothing more of the answer: the cut, at a's next chunk
+    assert after[0][0] == pytest.approx(last_before + 0.05)
+    assert DONE in after[0][1] and after[0][1].endswith(END) and not contents(after[0][1])
+    assert upstream.context.slot.cuts == 1
 
 
 async def test_the_model_of_the_cut_stream_decides_how_it_ends(
@@ -134,17 +145,39 @@ async def test_finished_stream_gives_the_slot_back(upstream: RunningUpstream) ->
     assert upstream.context.slot.issued == 2
 
 
-@pytest.mark.parametrize("cadence", [0.02, 0.5])
+@pytest.mark.parametrize("cadence", [0.02, 1000])
 async def test_a_client_that_leaves_gives_the_slot_back(upstream: RunningUpstream,
                                                        cadence: float) -> None:
-    with trio.fail_after(3):
+    with trio.fail_after(10):  # a hang guard: when it is noticed is checked virtually below
         a = await RawConnection.start(upstream, f"slot/clean:{cadence}", headers=LONG)
         await a.read_until(b'"role":"assistant"')
         assert upstream.context.slot.holds(1)
-        start = trio.current_time()
-        await a.aclose()  # a long pause is watched: noticed at once, not in 0.5 s
+        await a.aclose()  # a long pause is watched: noticed at once, not in 1,000 s
         await upstream.stats.wait_for(lambda s: s.connections_closed == 1)
-        assert trio.current_time() - start < 0.3
+    assert upstream.context.slot.holder is None and upstream.context.slot.cuts == 0
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize(("cadence", "watched"), [(0.02, False), (0.5, True)])
+async def test_a_client_that_leaves_is_noticed_at_once_or_at_the_next_chunk(
+        autojump_clock: MockClock, cadence: float, watched: bool, seed: int) -> None:
+    rng = random.Random(seed)
+    async with virtual_upstream() as upstream:
+        a = upstream.connect(f"slot/clean:{cadence}", headers=LONG)
+        chunks = 1 + rng.randrange(4)
+        await a.wait_for(lambda c: c.data.count(b'"content":"') >= chunks)
+        await trio.sleep(rng.uniform(0.001, cadence - 0.001))
+        assert upstream.context.slot.holds(1)
+        left_at = a.now
+        a.leave()
+        await upstream.stats.wait_for(lambda s: s.connections_closed == 1)
+        last_write = max(at for at, _ in a.writes)
+    assert a.closed_at is not None
+    assert watched is (cadence >= WATCH_PAUSES)
+    if watched:  # a pause this long watches the socket: at once
+        assert a.closed_at == pytest.approx(left_at)
+    else:  # a short pause just sleeps: the next write fails
+        assert a.closed_at == pytest.approx(last_write + cadence)
     assert upstream.context.slot.holder is None and upstream.context.slot.cuts == 0
 
 

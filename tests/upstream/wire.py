@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from contextlib import suppress
 from typing import Any
 
@@ -22,7 +23,7 @@ class Raw:
 
     data: bytes
     closed: bool  # the server closed the connection (EOF), rather than we gave up waiting
-    reads: tuple[tuple[float, bytes], ...]  # (seconds since the request, bytes) per read
+    reads: tuple[bytes, ...]  # as read; when is for tests/upstream/virtual.py to say
 
     @property
     def head(self) -> bytes:
@@ -57,9 +58,8 @@ async def raw_chat(upstream: RunningUpstream, model: str, *, wait: float = 2.0,
                    **body: Any) -> Raw:
     """Send one request on a fresh socket; read until EOF, ``until`` is seen, or ``wait`` s."""
     stream = await trio.open_tcp_stream("127.0.0.1", upstream.port)
-    reads: list[tuple[float, bytes]] = []
+    reads: list[bytes] = []
     closed = False
-    start = trio.current_time()
     try:
         await stream.send_all(request_bytes(model, headers=headers, **body))
         with trio.move_on_after(wait):
@@ -68,12 +68,12 @@ async def raw_chat(upstream: RunningUpstream, model: str, *, wait: float = 2.0,
                 if not data:
                     closed = True
                     break
-                reads.append((trio.current_time() - start, data))
-                if until is not None and until in b"".join(d for _, d in reads):
+                reads.append(data)
+                if until is not None and until in b"".join(reads):
                     break
     finally:
         await stream.aclose()
-    return Raw(b"".join(d for _, d in reads), closed, tuple(reads))
+    return Raw(b"".join(reads), closed, tuple(reads))
 
 
 @attrs.frozen
@@ -135,20 +135,23 @@ class Reply:
 
 
 async def chat(client: httpx.AsyncClient, model: str, *, headers: dict[str, str] | None = None,
-               limit: float | None = None, decoded: bool = False, **body: Any) -> Reply:
-    """One streamed request through httpx: the raw body (``decoded``: inflated) as read."""
+               until: Callable[[bytes], bool] | None = None, decoded: bool = False, **body: Any) -> Reply:
+    """One streamed request through httpx: the raw body (``decoded``: inflated) as read,
+    to its end or until ``until(body so far)`` holds."""
     payload = {"model": model, "messages": MESSAGES, "stream": True, **body}
     reads: list[bytes] = []
     error: Exception | None = None
     async with client.stream("POST", "/chat/completions", json=payload,
                              headers=headers or {}) as response:
-        with trio.move_on_after(limit if limit is not None else float("inf")):
-            try:
-                chunks = response.aiter_bytes() if decoded else response.aiter_raw()
+        try:
+            chunks = response.aiter_bytes() if decoded else response.aiter_raw()
+            with trio.CancelScope() as enough:  # cancelled inside httpx's read: it unwinds
                 async for data in chunks:
                     reads.append(data)
-            except httpx.TransportError as exc:
-                error = exc
+                    if until is not None and until(b"".join(reads)):
+                        enough.cancel()  # the body need not end
+        except httpx.TransportError as exc:
+            error = exc
     return Reply(response.status_code, response.headers, reads, error)
 
 
@@ -170,14 +173,25 @@ class RawConnection:
     async def read_until(self, done: bytes | None = None, *, count: int = 1) -> bytes:
         """Read until ``done`` has arrived ``count`` times, or EOF (``None``: until EOF)."""
         while not self.closed and (done is None or self.data.count(done) < count):
-            try:
-                data = await self.stream.receive_some(65536)
-            except trio.BrokenResourceError:
-                data = b""
-            if not data:
-                self.closed = True
-            self.data += data
+            await self.read_some()
         return self.data
+
+    async def read_until_holds(self, predicate: Callable[[RawConnection], bool]) -> bytes:
+        """Read until ``predicate(self)`` holds after a read, or EOF."""
+        while not self.closed and not predicate(self):
+            await self.read_some()
+        return self.data
+
+    async def read_some(self) -> bytes:
+        """One read (EOF or a reset sets ``closed``)."""
+        try:
+            data = await self.stream.receive_some(65536)
+        except trio.BrokenResourceError:
+            data = b""
+        if not data:
+            self.closed = True
+        self.data += data
+        return data
 
     async def aclose(self) -> None:
         await self.stream.aclose()
