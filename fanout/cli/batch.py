@@ -69,7 +69,7 @@ from .._exceptions import ConfigError
 from ..config import Config, ModelConfig, load_config
 from ..core.events import StreamFinished, StreamRetrying
 from ..core.result import Flag, Outcome, StreamResult
-from ..eval.budget import Budget
+from ..eval.budget import Budget, why_unbounded
 from ..eval.cost import cost_of, usage_record
 from ..eval.run import Scoring, Selected, UnknownScorer, select_scorers
 from ..eval.scores import ScoresFile, scores_path
@@ -299,14 +299,9 @@ def run_batch(options: BatchOptions, *, stdout: TextIO | None = None,
         budget = None
         if options.budget is not None:
             budget = _budget(options, models, selected, writer)
-            unbounded = budget.unbounded(dict.fromkeys(
-                [m.name for m in models]
-                + [s.judge_model.name for s in selected if s.judge_model is not None]))
-            if unbounded:
-                return fail(f"--budget: no price for {', '.join(map(repr, unbounded))} (and "
-                            "no cost reported for it yet), so what it spends cannot be bounded;"
-                            " give it a price = { input = ..., output = ... } in the config; "
-                            "nothing was sent")
+            unbounded = _unbounded(models, prompts, selected)
+            if unbounded is not None:
+                return fail(f"--budget: {unbounded}; nothing was sent")
         if selected:
             target = options.scores or scores_path(options.output)
             try:
@@ -330,7 +325,10 @@ def _budget(options: BatchOptions, models: Sequence[ModelConfig], selected: list
     for item in selected:
         if item.judge_model is not None:
             prices[item.judge_model.name] = item.judge_model.price
-    budget = Budget(options.budget, prices)
+    budget = Budget(options.budget, prices, {m.name: m.max_output_tokens for m in models})
+    for item in selected:
+        if item.judge_model is not None:
+            budget.max_output[item.judge_model.name] = item.judge_model.max_output_tokens
     try:
         with open(options.output, "rb") as file:
             for record in RecordReader(file):
@@ -338,6 +336,27 @@ def _budget(options: BatchOptions, models: Sequence[ModelConfig], selected: list
     except OSError:
         pass  # read a moment ago; without it the bounds are only less tight
     return budget
+
+
+def _unbounded(models: Sequence[ModelConfig], prompts: Sequence[Prompt],
+               selected: Sequence[Selected]) -> str | None:
+    """Why some stream of this run (an answer, or a judge's) has no bound that holds, in
+    one line naming the model and the keys that would bound it; ``None`` if all have."""
+    for model in models:
+        for prompt in prompts or [None]:
+            params = {**model.params, **(prompt.params if prompt is not None else {})}
+            why = why_unbounded(model.name, model.price, params, api=model.api,
+                                max_output_tokens=model.max_output_tokens)
+            if why is not None:
+                return why
+    for item in selected:
+        judge = item.judge_model
+        if judge is not None:
+            why = why_unbounded(judge.name, judge.price, judge.params, api=judge.api,
+                                max_output_tokens=judge.max_output_tokens)
+            if why is not None:
+                return f"the judge of --score {item.name}: {why}"
+    return None
 
 
 def unsendable(prompts: Sequence[Prompt], models: Sequence[ModelConfig],
@@ -494,9 +513,7 @@ def _run(options: BatchOptions, config: Config, models: Sequence[ModelConfig],
         say(budget.describe(not_sent))
         return EXIT_BUDGET
     if budget is not None:
-        unknown = f" ({budget.unknown} of unknown cost counted at their bounds)" \
-            if budget.unknown else ""
-        say(f"budget: this run spent ${budget.spent:.6f} of ${budget.limit:.6f}{unknown}")
+        say(budget.spent_line())
 
     finals: dict[str, _Final] = {}
     for unit in work:
@@ -802,6 +819,8 @@ class _Session:
             except BaseException:
                 self._pending -= 1
                 queue.appendleft(unit)
+                if self.budget is not None:
+                    self.budget.release(unit.key)  # reserved, and not sent
                 raise
             self._submitted[unit.key] = trio.current_time()
             await fan.submit(unit.request(self.config))
@@ -816,7 +835,7 @@ class _Session:
         request = unit.request(self.config)
         while True:
             bound = budget.bound(unit.prompt.id, unit.model.name, request.messages,
-                                 request.params)
+                                 request.params, api=request.api, tools=request.tools)
             assert bound is not None  # checked before the run: every model has a bound
             if budget.fits(bound):
                 budget.send(unit.key, bound)
@@ -865,6 +884,9 @@ class _Session:
                                                                   event.wait)
             elif isinstance(event, StreamFinished):
                 self._finished(fan, event.result)
+            elif self.budget is not None and self.budget.streamed(event):
+                # It would pass the budget: cancelled, its partial output kept.
+                fan.cancel(event.stream, self.budget.reason(event.stream))
 
     def _finished(self, fan: Fanout, result: StreamResult) -> None:
         unit = self.by_key[result.stream]
