@@ -16,10 +16,11 @@ no prompt line keeps its record's, and is counted).
 
 Exit status: 0 when every score was written and every judge answered, 1
 when a write failed or a judge stream did not complete (its score is an
-``error``; running again asks it again) or the run was interrupted, 2 for
-bad usage or input, 130 after a second Ctrl-C, 143 after SIGTERM (which stops like
-the first Ctrl-C: what was scored stays, the judges in flight are cancelled and
-get no score, a rerun asks them).
+``error``; running again asks it again), 2 for bad usage or input, 130
+after Ctrl-C and 143 after SIGTERM: no judge request is sent after it, the
+judges in flight are cancelled (they get no score; a rerun asks them) and
+what was scored stays; a second Ctrl-C leaves at once.  On a terminal a
+progress bar counts the judge requests.
 """
 
 from __future__ import annotations
@@ -216,7 +217,7 @@ def _run(options: ScoreOptions, config: Config, selected: list[Selected],
             f" of the results have no line there ({shown}); their records' expected values "
             "are used")
     interrupted = False
-    status_if_interrupted = 1
+    status_if_interrupted = EXIT_INTERRUPTED
     if scoring.pending:
         pending = scoring.pending
         say(f"{pending} judge request{'s' if pending != 1 else ''} to send")
