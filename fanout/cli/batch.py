@@ -325,10 +325,11 @@ def _budget(options: BatchOptions, models: Sequence[ModelConfig], selected: list
     for item in selected:
         if item.judge_model is not None:
             prices[item.judge_model.name] = item.judge_model.price
-    budget = Budget(options.budget, prices, {m.name: m.max_output_tokens for m in models})
+    max_output = {m.name: m.max_output_tokens for m in models}
     for item in selected:
         if item.judge_model is not None:
-            budget.max_output[item.judge_model.name] = item.judge_model.max_output_tokens
+            max_output[item.judge_model.name] = item.judge_model.max_output_tokens
+    budget = Budget(options.budget, prices, max_output)
     try:
         with open(options.output, "rb") as file:
             for record in RecordReader(file):
@@ -343,8 +344,8 @@ def _unbounded(models: Sequence[ModelConfig], prompts: Sequence[Prompt],
     """Why some stream of this run (an answer, or a judge's) has no bound that holds, in
     one line naming the model and the keys that would bound it; ``None`` if all have."""
     for model in models:
-        for prompt in prompts or [None]:
-            params = {**model.params, **(prompt.params if prompt is not None else {})}
+        for params in [{**model.params, **prompt.params} for prompt in prompts] or [
+                dict(model.params)]:
             why = why_unbounded(model.name, model.price, params, api=model.api,
                                 max_output_tokens=model.max_output_tokens)
             if why is not None:
@@ -660,14 +661,15 @@ class _Bar(Progress):
     """The progress bar: on one line where it fits, else the counts on a line of their
     own (wrapped at spaces), so no number is ever cut."""
 
-    def __init__(self, *, console: Console, **options: Any) -> None:
+    def __init__(self, *, console: Console, label: str = "fanout batch",
+                 **options: Any) -> None:
         self._screen = console
         self._narrow = (BarColumn(bar_width=None), MofNCompleteColumn(table_column=_whole()),
                         TextColumn("{task.fields[rate]}", table_column=_whole()),
                         TimeElapsedColumn(table_column=_whole()),
                         TextColumn("ETA", table_column=_whole()),
                         TimeRemainingColumn(table_column=_whole()))
-        super().__init__(TextColumn("fanout batch", table_column=_whole()), BarColumn(),
+        super().__init__(TextColumn(label, table_column=_whole()), BarColumn(),
                          MofNCompleteColumn(table_column=_whole()),
                          TextColumn("{task.fields[outcomes]}", table_column=_whole()),
                          TextColumn("{task.fields[rate]}", table_column=_whole()),
@@ -766,6 +768,7 @@ class _Session:
             if self.scoring is not None:
                 self.scoring.close()
                 await judged.wait()
+                self._update_bar()  # and the judges' end
             nursery.cancel_scope.cancel()
 
     async def _judge(self, scoring: Scoring, endpoint: Endpoint, judged: trio.Event) -> None:
@@ -835,7 +838,7 @@ class _Session:
         request = unit.request(self.config)
         while True:
             bound = budget.bound(unit.prompt.id, unit.model.name, request.messages,
-                                 request.params, api=request.api, tools=request.tools)
+                                 request.params, api=unit.model.api, tools=request.tools)
             assert bound is not None  # checked before the run: every model has a bound
             if budget.fits(bound):
                 budget.send(unit.key, bound)
@@ -1047,16 +1050,27 @@ class _Session:
             if self.writer.error is not None and not self.stopped:
                 self._stop_sending()
 
-    async def _progress(self) -> None:
+    def _done_of(self) -> tuple[int, int]:
+        """Requests ended, of how many: the units, and the judges' requests (those queued,
+        and one per judge for each unit still to end)."""
+        done = sum(self.counts.values())
         total = len(self.todo)
+        scoring = self.scoring
+        if scoring is not None and scoring.judges:
+            total += scoring.queued + max(0, total - done) * scoring.judges
+            done += scoring.judged
+        return done, total
+
+    async def _progress(self) -> None:
         console = self.progress_console
         if not console.is_terminal:
             start = trio.current_time()
             while True:
                 await trio.sleep(PLAIN_PROGRESS_EVERY)
-                console.print(self._line(total, trio.current_time() - start), soft_wrap=True)
+                console.print(self._line(trio.current_time() - start), soft_wrap=True)
         with _Bar(console=console, auto_refresh=False, transient=False) as bar:
-            self._bar = (bar, bar.add_task("batch", total=total, outcomes="", rate=""),
+            self._bar = (bar, bar.add_task("batch", total=self._done_of()[1], outcomes="",
+                                           rate=""),
                          trio.current_time())
             while True:
                 self._update_bar()
@@ -1066,9 +1080,9 @@ class _Session:
         if self._bar is None:
             return
         bar, task, start = self._bar
-        done = sum(self.counts.values())
+        done, total = self._done_of()
         elapsed = trio.current_time() - start
-        bar.update(task, completed=done, outcomes=self._outcomes(),
+        bar.update(task, completed=done, total=total, outcomes=self._outcomes(),
                    rate=f"{done / elapsed:.1f}/s" if elapsed > 0 else "")
         bar.refresh()
 
@@ -1076,10 +1090,12 @@ class _Session:
         parts = [f"{state} {n}" for state, n in sorted(self.counts.items())]
         if self.redone:
             parts.append(f"cut {self.redone}")
+        if self.scoring is not None and self.scoring.judges:
+            parts.append(f"judged {self.scoring.judged}")
         return " ".join(parts)
 
-    def _line(self, total: int, elapsed: float) -> str:
-        done = sum(self.counts.values())
+    def _line(self, elapsed: float) -> str:
+        done, total = self._done_of()
         rate = done / elapsed if elapsed > 0 else 0.0
         eta = f", ETA {(total - done) / rate:.0f}s" if rate > 0 else ""
         return (f"fanout batch: {done}/{total} done ({self._outcomes() or 'none yet'}), "

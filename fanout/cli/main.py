@@ -12,8 +12,8 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import trio
 

@@ -364,7 +364,7 @@ class Scoring:
         model = job.selected.judge_model
         assert model is not None
         bound = budget.bound(job.key, model.name, job.request.messages, job.request.params,
-                             api=job.request.api, tools=job.request.tools)
+                             api=model.api, tools=job.request.tools)
         assert bound is not None  # checked before the run: every judge model has a bound
         while not budget.fits(bound):
             if not budget.running:

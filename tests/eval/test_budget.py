@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from fanout.cli.batch import EXIT_BUDGET, BatchOptions, run_batch
 from fanout.bodies import DEFAULT_MAX_TOKENS
+from fanout.cli.batch import EXIT_BUDGET, BatchOptions, run_batch
 from fanout.core.events import ReasoningDelta, TextDelta, ToolCallDelta, UsageReported
 from fanout.core.result import Usage
 from fanout.eval.budget import (
