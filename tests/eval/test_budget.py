@@ -418,3 +418,16 @@ def test_a_model_over_budget_stops_alone(tmp_path: Path, config: str) -> None:
     assert 0 < echoed < 10
     match = _STOPPED.search(err)
     assert match is not None and int(match.group(5)) == 10 - echoed
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "2.5", "true", '"100"'])
+def test_max_output_tokens_is_a_whole_number(tmp_path: Path, value: str) -> None:
+    from fanout import ConfigError, load_config
+
+    path = tmp_path / "fanout.toml"
+    path.write_text(f'[[models]]\nname = "m"\nid = "mock/fast"\nmax_output_tokens = {value}\n')
+    with pytest.raises(ConfigError) as caught:
+        load_config(str(path))
+    assert "[[models]] #1 (m) max_output_tokens: must be a whole number >= 1" in str(caught.value)
+    path.write_text('[[models]]\nname = "m"\nid = "mock/fast"\nmax_output_tokens = 50\n')
+    assert load_config(str(path)).model("m").max_output_tokens == 50

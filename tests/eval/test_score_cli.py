@@ -494,7 +494,7 @@ def test_score_shows_a_progress_bar_of_the_judges_on_a_terminal(results: str,
     assert status == 0, screen
     assert "fanout score" in screen and "4/4" in screen and "judged 4" in screen, screen
     # off a terminal: no bar
-    status, out, err = _score(results, config, "slow-judged", rescore=True)
+    status, _, err = _score(results, config, "slow-judged", rescore=True)
     assert status == 0 and "━" not in err and "fanout score: 4 judge requests to send" in err
 
 
