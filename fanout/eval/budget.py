@@ -29,11 +29,14 @@ times the output price.  The output so far is the ``completion_tokens`` of a
 usage sent while it runs, else an estimate from what it streamed: one token
 a content delta, or one every ``BYTES_PER_TOKEN`` bytes (UTF-8) of text,
 reasoning, refusal and tool-call arguments if that is more (about what
-tokenizers make of English); capped at the request's own ``max_tokens``
-while no more deltas than that arrived (a server that enforces it cannot
-have written more).  A stream whose running cost passes what is left for it
-(``limit - spent - the other streams' bounds``) is cancelled
-(``cancelled``: its partial output kept, its reason naming the budget).
+tokenizers make of English); held at its output bound while no more deltas
+than that arrived (a server that enforces ``max_tokens``, or a model that
+keeps to its ``max_output_tokens``, writes no more, whatever the bytes
+suggest; one delta past it shows it does not, and the bytes after it count).
+A stream whose running cost, after one more delta like its largest, would
+pass what is left for it (``limit - spent - what is held for the others``)
+is cancelled (``cancelled``: its partial output kept, its reason naming the
+budget).
 
 A relay may still bill more than it streamed (a usage that says more tokens
 than ``max_tokens`` allows, a cost of its own): ``exceeded`` says by how much
@@ -139,6 +142,7 @@ class _Running:
     held: float  # what the budget holds for it: its bound, or its running cost once more
     bytes: int = 0
     deltas: int = 0
+    bytes_at_bound: int = 0  # its bytes when its deltas reached its output bound
     largest: int = 1  # tokens of its largest delta so far (estimated)
     prompt_tokens: int | None = None  # reported while it ran
     completion_tokens: int | None = None
@@ -146,14 +150,17 @@ class _Running:
 
     def output_tokens(self, more: int = 0) -> int:
         """Its output tokens so far (``more``: after one more delta of that many)."""
-        deltas = self.deltas + (more > 0)
         if self.completion_tokens is not None:
             return self.completion_tokens + more
-        guess = max(deltas, -(-self.bytes // BYTES_PER_TOKEN) + more)
         bound = self.reservation.output_tokens
-        if self.reservation.enforced and self.deltas <= bound:
-            return min(guess, bound)  # the server stops at max_tokens: no more is written
-        return guess
+        if self.deltas <= bound:
+            # No more deltas than its bound: a server that enforces it (or a model that
+            # keeps to it) writes no more, whatever the bytes suggest.
+            return min(max(self.deltas + (more > 0), -(-self.bytes // BYTES_PER_TOKEN) + more),
+                       bound)
+        # Past it: the bound, and what came after it, from its bytes.
+        past = -(-(self.bytes - self.bytes_at_bound) // BYTES_PER_TOKEN)
+        return max(self.deltas + (more > 0), bound + past + more)
 
     def cost(self, more: int = 0) -> float:
         """Its running cost (``more``: after one more delta of that many tokens)."""
@@ -273,6 +280,8 @@ class Budget:
             return False
         running.bytes += size
         running.deltas += 1
+        if running.deltas == running.reservation.output_tokens:
+            running.bytes_at_bound = running.bytes
         running.largest = max(running.largest, -(-size // BYTES_PER_TOKEN))
         self._hold(running)
         # "Would pass": after one more delta like its largest, since the next ones may
