@@ -50,6 +50,7 @@ A config is TOML (read with the stdlib ``tomllib``)::
     concurrency = 4                         # over [concurrency] per_model
     api = "responses"                       # over [endpoint] api
     price = { input = 0.15, output = 0.60, cached_input = 0.075 }  # USD per 1M tokens
+    max_output_tokens = 4096                # not sent: bounds its cost for --budget
 
     [[scorers]]                             # ``--score NAME`` (fanout score, batch)
     name = "exact-ci"                       # unique
@@ -161,6 +162,9 @@ class ModelConfig:
     price: Price | None = None
     #: The dialect of its requests: its own ``api``, else ``[endpoint] api``, else chat.
     api: str = "chat"
+    #: At most how many tokens it writes in one answer when a request sets no
+    #: ``max_tokens`` (not sent; ``--budget`` bounds its cost with it; ``None``: unknown).
+    max_output_tokens: int | None = None
 
 
 #: A judge's own concurrency when its ``[[scorers]]`` entry sets none.
@@ -619,7 +623,7 @@ class _Checker:
                 if key in _PARAM_NAMES else ""
 
         self.keys(raw, where, ("name", "id", "params", "deadlines", "concurrency", "tools",
-                               "price", "api"), hint)
+                               "price", "api", "max_output_tokens"), hint)
         name = self.string(raw, "name", where, required=True)
         model_id = self.string(raw, "id", where, required=True)
         assert name is not None and model_id is not None
@@ -647,7 +651,8 @@ class _Checker:
                            concurrency=self.count(raw, "concurrency", where),
                            deadline_overrides=overrides,
                            tools=self.tools(raw.get("tools"), f"{where} tools"),
-                           price=self.price(raw.get("price"), f"{where} price"), api=api)
+                           price=self.price(raw.get("price"), f"{where} price"), api=api,
+                           max_output_tokens=self.count(raw, "max_output_tokens", where))
 
     def price(self, value: Any, where: str) -> Price | None:
         """``price = { input = 2.50, output = 10.00, cached_input = 1.25 }``: USD per

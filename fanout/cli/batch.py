@@ -71,7 +71,7 @@ from .._exceptions import ConfigError
 from ..config import Config, ModelConfig, load_config
 from ..core.events import StreamFinished, StreamRetrying
 from ..core.result import Flag, Outcome, StreamResult
-from ..eval.budget import Budget
+from ..eval.budget import Budget, why_unbounded
 from ..eval.cost import cost_of, usage_record
 from ..eval.run import Scoring, Selected, UnknownScorer, select_scorers
 from ..eval.scores import ScoresFile, scores_path
@@ -309,14 +309,9 @@ def run_batch(options: BatchOptions, *, stdout: TextIO | None = None,
         budget = None
         if options.budget is not None:
             budget = _budget(options, models, selected, writer)
-            unbounded = budget.unbounded(dict.fromkeys(
-                [m.name for m in models]
-                + [s.judge_model.name for s in selected if s.judge_model is not None]))
-            if unbounded:
-                return fail(f"--budget: no price for {', '.join(map(repr, unbounded))} (and "
-                            "no cost reported for it yet), so what it spends cannot be bounded;"
-                            " give it a price = { input = ..., output = ... } in the config; "
-                            "nothing was sent")
+            unbounded = _unbounded(models, prompts, selected)
+            if unbounded is not None:
+                return fail(f"--budget: {unbounded}; nothing was sent")
         if selected:
             target = options.scores or scores_path(options.output)
             try:
@@ -340,7 +335,11 @@ def _budget(options: BatchOptions, models: Sequence[ModelConfig], selected: list
     for item in selected:
         if item.judge_model is not None:
             prices[item.judge_model.name] = item.judge_model.price
-    budget = Budget(options.budget, prices)
+    max_output = {m.name: m.max_output_tokens for m in models}
+    for item in selected:
+        if item.judge_model is not None:
+            max_output[item.judge_model.name] = item.judge_model.max_output_tokens
+    budget = Budget(options.budget, prices, max_output)
     try:
         with open(options.output, "rb") as file:
             for record in RecordReader(file):
@@ -348,6 +347,27 @@ def _budget(options: BatchOptions, models: Sequence[ModelConfig], selected: list
     except OSError:
         pass  # read a moment ago; without it the bounds are only less tight
     return budget
+
+
+def _unbounded(models: Sequence[ModelConfig], prompts: Sequence[Prompt],
+               selected: Sequence[Selected]) -> str | None:
+    """Why some stream of this run (an answer, or a judge's) has no bound that holds, in
+    one line naming the model and the keys that would bound it; ``None`` if all have."""
+    for model in models:
+        for params in [{**model.params, **prompt.params} for prompt in prompts] or [
+                dict(model.params)]:
+            why = why_unbounded(model.name, model.price, params, api=model.api,
+                                max_output_tokens=model.max_output_tokens)
+            if why is not None:
+                return why
+    for item in selected:
+        judge = item.judge_model
+        if judge is not None:
+            why = why_unbounded(judge.name, judge.price, judge.params, api=judge.api,
+                                max_output_tokens=judge.max_output_tokens)
+            if why is not None:
+                return f"the judge of --score {item.name}: {why}"
+    return None
 
 
 def unsendable(prompts: Sequence[Prompt], models: Sequence[ModelConfig],
@@ -504,9 +524,7 @@ def _run(options: BatchOptions, config: Config, models: Sequence[ModelConfig],
         say(budget.describe(not_sent))
         return EXIT_BUDGET
     if budget is not None:
-        unknown = f" ({budget.unknown} of unknown cost counted at their bounds)" \
-            if budget.unknown else ""
-        say(f"budget: this run spent ${budget.spent:.6f} of ${budget.limit:.6f}{unknown}")
+        say(budget.spent_line())
 
     finals: dict[str, _Final] = {}
     for unit in work:
@@ -653,14 +671,15 @@ class _Bar(Progress):
     """The progress bar: on one line where it fits, else the counts on a line of their
     own (wrapped at spaces), so no number is ever cut."""
 
-    def __init__(self, *, console: Console, **options: Any) -> None:
+    def __init__(self, *, console: Console, label: str = "fanout batch",
+                 **options: Any) -> None:
         self._screen = console
         self._narrow = (BarColumn(bar_width=None), MofNCompleteColumn(table_column=_whole()),
                         TextColumn("{task.fields[rate]}", table_column=_whole()),
                         TimeElapsedColumn(table_column=_whole()),
                         TextColumn("ETA", table_column=_whole()),
                         TimeRemainingColumn(table_column=_whole()))
-        super().__init__(TextColumn("fanout batch", table_column=_whole()), BarColumn(),
+        super().__init__(TextColumn(label, table_column=_whole()), BarColumn(),
                          MofNCompleteColumn(table_column=_whole()),
                          TextColumn("{task.fields[outcomes]}", table_column=_whole()),
                          TextColumn("{task.fields[rate]}", table_column=_whole()),
@@ -764,6 +783,7 @@ class _Session:
                 self._score_suspects()  # never known to be cut: they stand
                 self.scoring.close()
                 await judged.wait()
+                self._update_bar()  # and the judges' end
             nursery.cancel_scope.cancel()
 
     async def _judge(self, scoring: Scoring, endpoint: Endpoint, judged: trio.Event) -> None:
@@ -817,6 +837,8 @@ class _Session:
             except BaseException:
                 self._pending -= 1
                 queue.appendleft(unit)
+                if self.budget is not None:
+                    self.budget.release(unit.key)  # reserved, and not sent
                 raise
             self._submitted[unit.key] = trio.current_time()
             await fan.submit(unit.request(self.config))
@@ -831,7 +853,7 @@ class _Session:
         request = unit.request(self.config)
         while True:
             bound = budget.bound(unit.prompt.id, unit.model.name, request.messages,
-                                 request.params)
+                                 request.params, api=unit.model.api, tools=request.tools)
             assert bound is not None  # checked before the run: every model has a bound
             if budget.fits(bound):
                 budget.send(unit.key, bound)
@@ -880,6 +902,9 @@ class _Session:
                                                                   event.wait)
             elif isinstance(event, StreamFinished):
                 self._finished(fan, event.result)
+            elif self.budget is not None and self.budget.streamed(event):
+                # It would pass the budget: cancelled, its partial output kept.
+                fan.cancel(event.stream, self.budget.reason(event.stream))
 
     def _finished(self, fan: Fanout, result: StreamResult) -> None:
         unit = self.by_key[result.stream]
@@ -1063,16 +1088,27 @@ class _Session:
             if self.writer.error is not None and not self.stopped:
                 self._stop_sending()
 
-    async def _progress(self) -> None:
+    def _done_of(self) -> tuple[int, int]:
+        """Requests ended, of how many: the units, and the judges' requests (those queued,
+        and one per judge for each unit still to end)."""
+        done = sum(self.counts.values())
         total = len(self.todo)
+        scoring = self.scoring
+        if scoring is not None and scoring.judges:
+            total += scoring.queued + max(0, total - done) * scoring.judges
+            done += scoring.judged
+        return done, total
+
+    async def _progress(self) -> None:
         console = self.progress_console
         if not console.is_terminal:
             start = trio.current_time()
             while True:
                 await trio.sleep(PLAIN_PROGRESS_EVERY)
-                console.print(self._line(total, trio.current_time() - start), soft_wrap=True)
+                console.print(self._line(trio.current_time() - start), soft_wrap=True)
         with _Bar(console=console, auto_refresh=False, transient=False) as bar:
-            self._bar = (bar, bar.add_task("batch", total=total, outcomes="", rate=""),
+            self._bar = (bar, bar.add_task("batch", total=self._done_of()[1], outcomes="",
+                                           rate=""),
                          trio.current_time())
             while True:
                 self._update_bar()
@@ -1082,9 +1118,9 @@ class _Session:
         if self._bar is None:
             return
         bar, task, start = self._bar
-        done = sum(self.counts.values())
+        done, total = self._done_of()
         elapsed = trio.current_time() - start
-        bar.update(task, completed=done, outcomes=self._outcomes(),
+        bar.update(task, completed=done, total=total, outcomes=self._outcomes(),
                    rate=f"{done / elapsed:.1f}/s" if elapsed > 0 else "")
         bar.refresh()
 
@@ -1092,10 +1128,12 @@ class _Session:
         parts = [f"{state} {n}" for state, n in sorted(self.counts.items())]
         if self.redone:
             parts.append(f"cut {self.redone}")
+        if self.scoring is not None and self.scoring.judges:
+            parts.append(f"judged {self.scoring.judged}")
         return " ".join(parts)
 
-    def _line(self, total: int, elapsed: float) -> str:
-        done = sum(self.counts.values())
+    def _line(self, elapsed: float) -> str:
+        done, total = self._done_of()
         rate = done / elapsed if elapsed > 0 else 0.0
         eta = f", ETA {(total - done) / rate:.0f}s" if rate > 0 else ""
         return (f"fanout batch: {done}/{total} done ({self._outcomes() or 'none yet'}), "

@@ -10,9 +10,10 @@ import argparse
 import ipaddress
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -102,8 +103,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="the scores file (default: RESULTS.scores.jsonl beside -o)")
     batch.add_argument("--budget", type=float, metavar="USD",
                        help="stop sending when this run's cost (finished streams, judges "
-                            "included, plus a bound for those in flight) would pass USD; "
-                            "exit 3 then (every model needs a price)")
+                            "included, plus a bound for those in flight) would pass USD, and "
+                            "cancel a stream about to pass it; exit 3 then (every model needs "
+                            "a price, and max_tokens or max_output_tokens)")
 
     score = commands.add_parser(
         "score", help="(re)score a results file into its scores file",
@@ -113,7 +115,8 @@ def _parser() -> argparse.ArgumentParser:
                     "scorer) are kept, so running it again scores only what is new; "
                     "--rescore scores everything again. Exit status: 0 when every score was "
                     "written and every judge answered, 1 otherwise (running again finishes), "
-                    "2 for bad usage or input, 130 after a second Ctrl-C.")
+                    "2 for bad usage or input, 130 after Ctrl-C (no judge is sent after it; "
+                    "those in flight are cancelled; what was scored stays).")
     score.add_argument("results", metavar="RESULTS.jsonl")
     score.add_argument("--score", dest="scorers", action="append", default=[], metavar="NAME",
                        required=True, help="a [[scorers]] name of the config or a builtin "
@@ -309,15 +312,38 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+#: The exit status after Ctrl-C (128 + SIGINT, what a shell reports for it).
+EXIT_INTERRUPTED = 130
+
+
+def main(argv: Sequence[str] | None = None, *,
+         restore_sigint: Callable[[int, Any], Any] | None = None) -> int:
     """Run the command line; returns the exit status (1, quietly, when the reader of
-    stdout went away: ``fanout mock --list | head``)."""
-    args = _parser().parse_args(argv)
+    stdout went away: ``fanout mock --list | head``; 130 after a Ctrl-C no command
+    handled itself: one line, never a traceback).
+
+    ``restore_sigint``: the SIGINT handler to put back once this function handles
+    ``KeyboardInterrupt`` (the console script's entry point, ``_fanout_entry``,
+    installs its own while the package imports).
+    """
+    command = "fanout"
     try:
-        return _run(args)
-    except BrokenPipeError:
-        silence_stdout()
-        return 1
+        if restore_sigint is not None:
+            signal.signal(signal.SIGINT, restore_sigint)
+        args = _parser().parse_args(argv)
+        command = f"fanout {args.command}"
+        try:
+            return _run(args)
+        except BrokenPipeError:
+            silence_stdout()
+            return 1
+    except BaseException as exc:
+        if not _only(exc, KeyboardInterrupt):
+            raise
+        # What was written stays (every command writes whole lines or replaces files
+        # whole); nothing more is done.
+        print(f"{command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def _run(args: argparse.Namespace) -> int:

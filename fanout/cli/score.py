@@ -16,10 +16,11 @@ no prompt line keeps its record's, and is counted).
 
 Exit status: 0 when every score was written and every judge answered, 1
 when a write failed or a judge stream did not complete (its score is an
-``error``; running again asks it again) or the run was interrupted, 2 for
-bad usage or input, 130 after a second Ctrl-C, 143 after SIGTERM (which stops like
-the first Ctrl-C: what was scored stays, the judges in flight are cancelled and
-get no score, a rerun asks them).
+``error``; running again asks it again), 2 for bad usage or input, 130
+after Ctrl-C and 143 after SIGTERM: no judge request is sent after it, the
+judges in flight are cancelled (they get no score; a rerun asks them) and
+what was scored stays; a second Ctrl-C leaves at once.  On a terminal a
+progress bar counts the judge requests.
 """
 
 from __future__ import annotations
@@ -35,13 +36,14 @@ from typing import Any, TextIO
 
 import attrs
 import trio
+from rich.console import Console
 
 from .._exceptions import ConfigError
 from ..config import Config, load_config
 from ..eval.run import Scoring, Selected, UnknownScorer, select_scorers
 from ..eval.scores import ScoresFile, scores_path
 from ..request import Endpoint
-from .common import interrupt_on_sigint, open_endpoint
+from .common import interrupt_on_sigint, open_endpoint, text_console
 from .common import only as _only
 from .prompts import PromptFileError, load_prompts
 from .report import printable
@@ -176,7 +178,8 @@ def run_score(options: ScoreOptions, *, stdout: TextIO | None = None,
     except ResultsFileError as exc:
         return fail(f"--scores {exc}; nothing was scored")
     try:
-        return _run(options, config, selected, endpoint, latest, prompts, writer, out, say)
+        return _run(options, config, selected, endpoint, latest, prompts, writer, out, say,
+                    text_console(err))
     finally:
         writer.close()
 
@@ -184,7 +187,7 @@ def run_score(options: ScoreOptions, *, stdout: TextIO | None = None,
 def _run(options: ScoreOptions, config: Config, selected: list[Selected],
          endpoint: Endpoint | None, latest: dict[str, dict[str, Any]],
          prompts: dict[str, dict[str, Any]] | None, writer: ScoresFile, out: TextIO,
-         say: Callable[[str], None]) -> int:
+         say: Callable[[str], None], progress_console: Console) -> int:
     if writer.existing.torn_bytes:
         say(f"{writer.path}: cut off a torn last line ({writer.existing.torn_bytes} bytes, "
             "from an interrupted run) before appending")
@@ -216,14 +219,14 @@ def _run(options: ScoreOptions, config: Config, selected: list[Selected],
             f" of the results have no line there ({shown}); their records' expected values "
             "are used")
     interrupted = False
-    status_if_interrupted = 1
+    status_if_interrupted = EXIT_INTERRUPTED
     if scoring.pending:
         pending = scoring.pending
         say(f"{pending} judge request{'s' if pending != 1 else ''} to send")
         scoring.sync_inline = False  # the judges' task syncs every second
         terminated: list[bool] = []
         try:
-            trio.run(_judge, scoring, writer, endpoint, terminated)
+            trio.run(_judge, scoring, writer, endpoint, terminated, progress_console)
         except BaseException as exc:
             if not _only(exc, KeyboardInterrupt):
                 raise
@@ -260,13 +263,55 @@ def _run(options: ScoreOptions, config: Config, selected: list[Selected],
 
 
 async def _judge(scoring: Scoring, writer: ScoresFile, endpoint: Endpoint | None,
-                 terminated: list[bool]) -> None:
+                 terminated: list[bool], console: Console) -> None:
+    progress = _Progress(scoring, console)
     async with open_endpoint(endpoint) as resolved, trio.open_nursery() as nursery:
         nursery.start_soon(interrupt_on_sigint, partial(_interrupt, scoring, nursery))
         nursery.start_soon(_stop_on_sigterm, scoring, terminated)
         nursery.start_soon(_fsync_every_second, writer)
+        nursery.start_soon(progress.run)
         await scoring.run(resolved)
+        progress.update()  # the last frame shows the end
         nursery.cancel_scope.cancel()
+
+
+class _Progress:
+    """The judge requests, answered of queued: a bar on a terminal (drawn every 0.1 s),
+    else a line every ``PLAIN_PROGRESS_EVERY`` seconds."""
+
+    def __init__(self, scoring: Scoring, console: Console) -> None:
+        self.scoring = scoring
+        self.console = console
+        self._bar: tuple[Any, Any, float] | None = None
+
+    async def run(self) -> None:
+        from .batch import PLAIN_PROGRESS_EVERY, _Bar
+
+        scoring, console = self.scoring, self.console
+        if not console.is_terminal:
+            while True:
+                await trio.sleep(PLAIN_PROGRESS_EVERY)
+                console.print(f"fanout score: {scoring.judged}/{scoring.queued} judge requests "
+                              "ended", soft_wrap=True)
+        with _Bar(console=console, label="fanout score", auto_refresh=False,
+                  transient=False) as bar:
+            self._bar = (bar, bar.add_task("score", total=scoring.queued, outcomes="",
+                                           rate=""), trio.current_time())
+            while True:
+                self.update()
+                await trio.sleep(0.1)
+
+    def update(self) -> None:
+        if self._bar is None:
+            return
+        bar, task, start = self._bar
+        scoring = self.scoring
+        elapsed = trio.current_time() - start
+        failed = sum(t.judge_failed for t in scoring.tallies.values())
+        outcomes = f"judged {scoring.judged}" + (f" failed {failed}" if failed else "")
+        bar.update(task, completed=scoring.judged, total=scoring.queued, outcomes=outcomes,
+                   rate=f"{scoring.judged / elapsed:.1f}/s" if elapsed > 0 else "")
+        bar.refresh()
 
 
 async def _stop_on_sigterm(scoring: Scoring, terminated: list[bool]) -> None:

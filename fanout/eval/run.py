@@ -209,6 +209,9 @@ class Scoring:
         self._excused: set[str] = set()  # judge models that end cut-like with nothing else
         self._over_budget = False  # a judge request did not fit: no more judging this run
         self.interrupted = False
+        self._submitting = trio.CancelScope()  # cancelled by stop(): nothing more is sent
+        self.queued = 0  # judge requests queued in this run (sent or not)
+        self.judged = 0  # judge requests that ended (answered, failed, cancelled, not sent)
         #: ``fsync`` the scores file from ``add`` at least once a second (``fanout score``,
         #: whose pure scorers run outside trio); a batch syncs from its own task instead.
         self.sync_inline = False
@@ -222,6 +225,11 @@ class Scoring:
     def pending(self) -> int:
         """Judge requests queued or running."""
         return len(self._queue) + len(self._jobs)
+
+    @property
+    def judges(self) -> int:
+        """How many judge scorers this run has (each answer may queue one request each)."""
+        return sum(1 for s in self.scorers if s.is_judge)
 
     # ------------------------------------------------------------------ scoring
 
@@ -271,6 +279,11 @@ class Scoring:
         except ValueError as exc:  # the template needs what this prompt lacks
             self._write(selected, record, akey, Score.error(str(exc)))
             return
+        self.queued += 1
+        if self.interrupted or self._over_budget:  # stopped: it would never be sent
+            self.tallies[selected.name].not_judged += 1
+            self.judged += 1
+            return
         self._serial += 1
         key = f"judge/{selected.name}/{self._serial}"
         request = StreamRequest(key, model.id, ask.messages, dict(model.params),
@@ -317,6 +330,9 @@ class Scoring:
             async for event in fan.events:
                 if isinstance(event, StreamFinished):
                     self._judged(fan, event.result)
+                elif self.budget is not None and self.budget.streamed(event):
+                    # It would pass the budget: cancelled (an error score naming why).
+                    fan.cancel(event.stream, self.budget.reason(event.stream))
             nursery.cancel_scope.cancel()
 
     def stop(self) -> None:
@@ -324,43 +340,61 @@ class Scoring:
         neither gets a score (both are ``not judged`` in the tally), so a rerun asks
         them."""
         self.interrupted = True
+        # The submitter may be waiting for a judge's slot or for the budget: cancelled
+        # there, it sends nothing more (a slot freed by a cancelled judge is not used).
+        self._submitting.cancel()
         if self._fan is not None:
             self._fan.cancel_all("cancelled: interrupted")
         self.wake()
 
     async def _submit_all(self, fan: Fanout) -> None:
+        with self._submitting:
+            await self._submit_until_done(fan)
+        self._drop_queue()
+        fan.seal()
+
+    def _drop_queue(self) -> None:
+        if self.interrupted or self._over_budget:
+            for job in self._queue:
+                self.tallies[job.selected.name].not_judged += 1
+                self.judged += 1
+                if self.budget is not None:
+                    self.budget.release(job.key)  # reserved, perhaps, and never sent
+            self._queue.clear()
+
+    async def _submit_until_done(self, fan: Fanout) -> None:
         assert self._wake is not None
         while True:
-            if self.interrupted or self._over_budget:
-                for job in self._queue:
-                    self.tallies[job.selected.name].not_judged += 1
-                self._queue.clear()
+            self._drop_queue()
             if not self._queue:
                 if (self._closed and not self._jobs) or self.interrupted:
-                    break  # (a judge in flight may come back to be asked again)
+                    return  # (a judge in flight may come back to be asked again)
                 self._wake = trio.Event()
                 await self._wake.wait()
                 continue
             job = self._queue[0]
             if not await self._fits(job):
                 continue
-            self._queue.popleft()
             limit = self._limits[job.selected.name]
             assert self.endpoint is not None
+            await limit.acquire_on_behalf_of(job.key)
             try:
-                await limit.acquire_on_behalf_of(job.key)
-                try:
-                    await self.endpoint.limiter.acquire_on_behalf_of(job.key)
-                except BaseException:
-                    limit.release_on_behalf_of(job.key)
-                    raise
+                await self.endpoint.limiter.acquire_on_behalf_of(job.key)
             except BaseException:
-                self._queue.appendleft(job)  # not sent: counted as not judged if it ends here
-                raise
+                limit.release_on_behalf_of(job.key)
+                raise  # not sent: still queued, counted as not judged if it ends here
+            self._queue.popleft()  # only now: a job cancelled while waiting stays queued
             self._jobs[job.key] = job
             self._sent[job.key] = trio.current_time()
-            await fan.submit(job.request)
-        fan.seal()
+            try:
+                await fan.submit(job.request)
+            except trio.Cancelled:  # while it waited for room: nothing was started
+                del self._jobs[job.key]
+                del self._sent[job.key]
+                self.endpoint.limiter.release_on_behalf_of(job.key)
+                limit.release_on_behalf_of(job.key)
+                self._queue.appendleft(job)
+                raise
 
     async def _fits(self, job: _Job) -> bool:
         """Whether the budget lets ``job`` be sent now (waits for running streams to
@@ -370,9 +404,9 @@ class Scoring:
             return True
         model = job.selected.judge_model
         assert model is not None
-        bound = budget.bound(job.key, model.name, job.request.messages, job.request.params)
-        if bound is None:  # checked before the run: every judge model has a price
-            bound = 0.0
+        bound = budget.bound(job.key, model.name, job.request.messages, job.request.params,
+                             api=model.api, tools=job.request.tools)
+        assert bound is not None  # checked before the run: every judge model has a bound
         while not budget.fits(bound):
             if not budget.running:
                 budget.stop(bound)
@@ -386,7 +420,7 @@ class Scoring:
         return True
 
     def _judged(self, fan: Fanout, result: StreamResult) -> None:
-
+        self.judged += 1
         fan.forget(result.stream)
         job = self._jobs.pop(result.stream)
         self._limits[job.selected.name].release_on_behalf_of(job.key)

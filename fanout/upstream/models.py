@@ -132,6 +132,7 @@ class _Choice:
     # ("content" | "reasoning", text) or ("tool", tool index, id | None, name | None, fragment)
     parts: list[tuple[Any, ...]] = attrs.Factory(list)
     finish_reason: str = "stop"
+    billed: int | None = None  # the completion tokens its usage says (None: one a part)
 
     @property
     def content(self) -> str:
@@ -318,7 +319,7 @@ def _error(request: ChatRequest, status: int, message: str, type_: str, *,
 
 
 def _usage(request: ChatRequest, answers: list[_Choice]) -> dict[str, Any]:
-    completion = sum(len(a.parts) for a in answers)
+    completion = sum(len(a.parts) if a.billed is None else a.billed for a in answers)
     reasoning = sum(1 for a in answers for p in a.parts if p[0] == "reasoning")
     return {"prompt_tokens": request.prompt_tokens, "completion_tokens": completion,
             "total_tokens": request.prompt_tokens + completion,
@@ -411,6 +412,32 @@ def _own_pauses(request: ChatRequest, context: Context, default: float | tuple[f
 
 
 # ---------------------------------------------------------------- faults
+
+def _overcount(request: ChatRequest, context: Context) -> Plan:
+    """``fault/overcount:K``: mock/fast's answer (``max_tokens`` honoured), its usage
+    saying K times (default 10) the completion tokens it sent: a relay that bills more
+    than ``max_tokens`` allows."""
+    factor = max(1, int(_arg(request, 10)))
+    answers = _answer(request, "text")
+    for answer in answers:
+        answer.billed = len(answer.parts) * factor
+    if not request.stream:
+        return _completion(request, answers)
+    return Plan(200, SSE_HEADERS, steps=_stream(request, answers, _pauses(request, context, 0.0)),
+                fragment=request.fragment)
+
+
+def _overrun(request: ChatRequest, context: Context) -> Plan:
+    """``fault/overrun:N``: N tokens (default 400), 20 ms apart, whatever ``max_tokens``
+    says; its usage counts them truly: a server that does not enforce ``max_tokens``."""
+    count = max(1, int(_arg(request, 400)))
+    answers = _answer(attrs.evolve(request, max_tokens=None, tokens=count), "text")
+    if not request.stream:
+        return _completion(request, answers)
+    return Plan(200, SSE_HEADERS, steps=_stream(request, answers,
+                                                _pauses(request, context, 0.02)),
+                fragment=request.fragment)
+
 
 def _arg(request: ChatRequest, default: float) -> float:
     try:
@@ -1225,6 +1252,10 @@ MODELS: dict[str, ModelSpec] = {spec.id: spec for spec in [
               "(default 100000)", _many_tools, CHAT_ONLY),
     ModelSpec("fault/negative-index", "a chunk with choice index -1 and one with tool index -1",
               _fault(_negative_index), CHAT_ONLY),
+    ModelSpec("fault/overcount", "mock/fast whose usage says K times the completion tokens "
+              "it sent (:K, default 10), past max_tokens", _overcount),
+    ModelSpec("fault/overrun", "N tokens 20 ms apart (:N, default 400), ignoring max_tokens; "
+              "true usage", _overrun),
     ModelSpec("fault/big-int", "choice index 2**64 and usage counts of 10**30",
               _fault(_big_int), CHAT_ONLY),
     ModelSpec("fault/html", "200 text/html: a captive portal's login page", _html),

@@ -171,7 +171,7 @@ def test_the_budget_sessions_print_what_the_readme_shows(tmp_path: Path) -> None
     budget = _part("### `fanout batch --budget USD`")
     sessions = re.findall(r"```\n(\$ .*?)```", budget, re.S)
     assert len(sessions) == 2
-    assert sum(_replay(session, tmp_path) for session in sessions) == 3
+    assert sum(_replay(session, tmp_path) for session in sessions) == 4
     assert len((tmp_path / "twenty.jsonl").read_text().splitlines()) == 20
     # Refused before anything was sent: the results file holds nothing.
     other = tmp_path / "other.jsonl"

@@ -459,3 +459,56 @@ def test_hostile_answers_stay_data(tmp_path: Path, results: str, config: str) ->
     assert b"\x1b" not in data and "\u202e".encode() not in data
     scores = read_scores(scores_path(path))
     assert {s["status"] for s in scores.values()} == {"scored"}
+
+
+# ------------------------------------------------------------------ progress while judging
+
+def _on_pty(args: list[str]) -> tuple[int, str]:
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+
+    main_fd, child = pty.openpty()
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
+    environ = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    process = subprocess.Popen([*COMMAND, *args], stdin=child, stdout=child, stderr=child,
+                               env=environ, close_fds=True)
+    os.close(child)
+    chunks = []
+    while True:
+        try:
+            data = os.read(main_fd, 65536)
+        except OSError:  # EIO: the child closed its side
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(main_fd)
+    return process.wait(timeout=60), b"".join(chunks).decode(errors="replace")
+
+
+def test_score_shows_a_progress_bar_of_the_judges_on_a_terminal(results: str,
+                                                                 config: str) -> None:
+    status, screen = _on_pty(["score", results, "--score", "slow-judged", "--config", config])
+    assert status == 0, screen
+    assert "fanout score" in screen and "4/4" in screen and "judged 4" in screen, screen
+    # off a terminal: no bar
+    status, _, err = _score(results, config, "slow-judged", rescore=True)
+    assert status == 0 and "━" not in err and "fanout score: 4 judge requests to send" in err
+
+
+def test_the_batch_bar_counts_the_judge_requests(tmp_path: Path, config: str) -> None:
+    from rich.console import Console
+
+    terminal = Console(file=io.StringIO(), force_terminal=True, width=160, record=True)
+    status = run_batch(BatchOptions(prompts=_write(tmp_path / "prompts.jsonl", PROMPTS),
+                                    output=str(tmp_path / "results.jsonl"), models=("echo",),
+                                    config=config, scorers=("slow-judged", "exact-ci")),
+                       stdout=io.StringIO(), stderr=io.StringIO(), progress_console=terminal)
+    assert status == 0
+    screen = terminal.export_text()
+    # 4 answers and 4 judge requests (the exact scorer sends none)
+    assert "8/8" in screen and "judged 4" in screen, screen
+    assert "4/4" not in screen.splitlines()[-1]
