@@ -49,7 +49,10 @@ def test_only_the_command_line_imports_rich() -> None:
     for path in PACKAGE.rglob("*.py"):
         if "cli" not in path.relative_to(PACKAGE).parts:
             assert "rich" not in _imported_modules(path), path
-    script = "import sys, fanout, fanout.upstream; assert 'rich' not in sys.modules"
+    # httpx loads its own command line (click, rich) when click is installed (Ray's
+    # extra brings it): blocked here, so what is checked is what fanout itself imports.
+    script = ("import sys; sys.modules['click'] = None\n"
+              "import fanout, fanout.upstream; assert 'rich' not in sys.modules")
     subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
 
 
