@@ -469,16 +469,27 @@ def _schemas_by_name(tools: Sequence[Mapping[str, Any]] | None) -> dict[str, Map
 
 
 def _validate(value: Any, schema: Mapping[str, Any]) -> tuple[str, ...]:
-    # Imported here: jsonschema is only needed when a stream has tools.
+    # Imported here: jsonschema and regex are only needed when a stream has tools.
     import jsonschema
 
+    from . import patterns
+
+    # The schema's patterns are the user's and the arguments the model's: matched with
+    # a time limit (``patterns``), so a pattern with nested quantifiers cannot hang
+    # the stream that validates them.
     try:
-        validator_class = jsonschema.validators.validator_for(schema)
-        validator_class.check_schema(dict(schema))
-        validator = validator_class(dict(schema))
-        errors = sorted(validator.iter_errors(value), key=lambda e: [str(p) for p in e.path])
+        jsonschema.validators.validator_for(schema).check_schema(dict(schema))
+        patterns.check_schema_patterns(schema)
+        found = patterns.LimitedValidator(schema).errors(
+            value, patterns.Deadline(patterns.DEFAULT_TIMEOUT))
     except jsonschema.exceptions.SchemaError as exc:
         return (f"the tool's schema is invalid: {exc.message}",)
+    except (ValueError, patterns.PatternError) as exc:
+        return (f"the tool's schema cannot be checked: {exc}",)
+    except patterns.PatternTimeout as exc:
+        return (f"the tool's schema pattern {patterns.quote(exc.pattern, 40)} timed out "
+                f"after {exc.seconds:g} s",)
+    errors = sorted(found, key=lambda e: [str(p) for p in e.path])
     return tuple(
         f"{'/'.join(str(p) for p in error.absolute_path) or '(root)'}: {error.message}"
         for error in errors

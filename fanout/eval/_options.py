@@ -18,6 +18,7 @@ from typing import Any
 
 import attrs
 
+from ..core import patterns
 from ._values import Answer, Score
 
 __all__ = ["Option", "ScorerBase", "check_options", "scorer_key", "show"]
@@ -134,8 +135,8 @@ def table(value: Any) -> dict[str, Any]:
 #: The option every kind has: the value at which a score passes.
 THRESHOLD = Option("threshold", 1.0, number(0, 1))
 
-#: Seconds a scorer's user patterns may spend on one answer, by default (``_pattern``).
-DEFAULT_TIMEOUT = 1.0
+#: Seconds a scorer's user patterns may spend on one answer, by default.
+DEFAULT_TIMEOUT = patterns.DEFAULT_TIMEOUT
 
 
 def _seconds(value: Any) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -251,3 +252,55 @@ def test_tool_call_deltas_fold_without_a_parser() -> None:
                 ToolCallDelta(0, 0, "id", "function", "f", ": 1}"),
                 UsageReported(Usage(1, 2, 3))])
     assert acc.choices()[0].tool_calls[0].parsed == {"a": 1}
+
+
+def _patterned(schema: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"type": "function", "function": {"name": "f", "parameters": schema}}]
+
+
+@pytest.mark.parametrize(("pattern", "error"), [
+    # re backtracks for hours on this one (jsonschema's own validator never returns);
+    # regex sees at once that it fails
+    ("^(a+)+$", "does not match '^(a+)+$'"),
+    # and this one regex would backtrack on: its time limit ends it
+    ("^(a|aa)+$", "the tool's schema pattern '^(a|aa)+$' timed out after 1 s"),
+])
+@pytest.mark.parametrize("where", ["pattern", "patternProperties", "additionalProperties"])
+def test_a_tool_schema_pattern_never_hangs_the_stream(pattern: str, error: str,
+                                                      where: str) -> None:
+    # A user's pattern with nested quantifiers on the model's arguments (40 "a" and a
+    # "!"): the call is still read, the pattern's failure named as a schema error.
+    hostile = "a" * 40 + "!"
+    schema: dict[str, Any] = {
+        "pattern": {"type": "object",
+                    "properties": {"s": {"type": "string", "pattern": pattern}}},
+        "patternProperties": {"type": "object", "patternProperties": {pattern: {}},
+                              "additionalProperties": False},
+        "additionalProperties": {"type": "object", "patternProperties": {"^x$": {}},
+                                 "additionalProperties": {"type": "string",
+                                                          "pattern": pattern}},
+    }[where]
+    key = hostile if where == "patternProperties" else "s"  # there the keys are matched
+    arguments = json.dumps({key: hostile})
+    [call] = tool_calls({"index": 0, "function": fn(arguments, "f")}, tools=_patterned(schema))
+    assert call.parsed == {key: hostile}
+    assert call.schema_errors is not None and len(call.schema_errors) == 1
+    if where == "patternProperties" and "timed out" not in error:
+        assert f"'{hostile}' does not match any of the regexes" in call.schema_errors[0]
+    else:
+        assert error in call.schema_errors[0], call.schema_errors
+
+
+def test_tool_schema_patterns_still_validate() -> None:
+    schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": "^a+$"}},
+              "patternProperties": {"^x_": {"type": "integer"}},
+              "additionalProperties": False}
+    [ok] = tool_calls({"index": 0, "function": fn('{"s": "aaa", "x_1": 1}', "f")},
+                      tools=_patterned(schema))
+    assert ok.schema_errors == ()
+    [bad] = tool_calls({"index": 0, "function": fn('{"s": "ab", "x_1": "one", "y": 0}', "f")},
+                       tools=_patterned(schema))
+    assert bad.schema_errors is not None and sorted(bad.schema_errors) == [
+        "(root): 'y' does not match any of the regexes: '^x_'",
+        "s: 'ab' does not match '^a+$'",
+        "x_1: 'one' is not of type 'integer'"]
