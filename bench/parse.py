@@ -1,6 +1,26 @@
 """Parsing throughput: fanout's sans-I/O core against the openai SDK, same bytes, same run.
 
-    .venv/bin/python bench/parse.py [--mb 20] [--repeat 3]
+    .venv/bin/python bench/parse.py [--events 3000] [--measure auto|instructions|time]
+    .venv/bin/python bench/parse.py --classic [--mb 20] [--repeat 3]
+
+By default, the shape matrix: per body shape (chat: ordinary, tool-heavy, n=2,
+multi-line data, CRLF, comments, big events; Responses and Anthropic:
+ordinary, tool-heavy) and per read mode (16 KiB reads, one event per read),
+the cost per event of
+
+  fanout            parse_stream(reads, api=...)
+  openai 2.54       its SSEDecoder().iter_bytes + json.loads per event, in a venv
+                    under /tmp made with pip on first use (--openai2)
+  openai 3.x        the same with the installed SDK (anthropic's for Anthropic)
+  orjson floor      orjson.loads per event payload (bytes), nothing else
+
+in instructions counted by valgrind's callgrind when it is installed
+(deterministic: other jobs on the machine do not skew it; only the measured
+loop is counted, each row in its own process, after a warm-up run), else in
+time.  Each SDK row is printed with its cost / fanout's (the goal: >= 2x), the
+floor with fanout's / its (the goal: <= 2x).
+
+--classic: the timed tables of one ~20 MB body per dialect:
 
 Builds a deterministic body of chat-completion chunks (~200 bytes each: ~90 %
 content deltas of 1-8 characters, ~10 % tool-call argument fragments, a
@@ -169,7 +189,7 @@ def build_dialect_body(api: str, target_bytes: int, seed: int = 20261201, *,
     tool_args = ""
     calls: list[dict[str, Any]] = []  # Responses: the function-call items, whole
     while len(frames) < events if events else size < target_bytes:
-        if rng.random() >= tool_share:
+        if rng.random() < 1 - tool_share:
             piece = rng.choice(WORDS)
             piece = (" " + piece)[: rng.randint(1, 8)] if rng.random() < 0.8 else piece[:8]
             text.append(piece)
