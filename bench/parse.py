@@ -1,6 +1,26 @@
 """Parsing throughput: fanout's sans-I/O core against the openai SDK, same bytes, same run.
 
-    .venv/bin/python bench/parse.py [--mb 20] [--repeat 3]
+    .venv/bin/python bench/parse.py [--events 3000] [--measure auto|instructions|time]
+    .venv/bin/python bench/parse.py --classic [--mb 20] [--repeat 3]
+
+By default, the shape matrix: per body shape (chat: ordinary, tool-heavy, n=2,
+multi-line data, CRLF, comments, big events; Responses and Anthropic:
+ordinary, tool-heavy) and per read mode (16 KiB reads, one event per read),
+the cost per event of
+
+  fanout            parse_stream(reads, api=...)
+  openai 2.54       its SSEDecoder().iter_bytes + json.loads per event, in a venv
+                    under /tmp made with pip on first use (--openai2)
+  openai 3.x        the same with the installed SDK (anthropic's for Anthropic)
+  orjson floor      orjson.loads per event payload (bytes), nothing else
+
+in instructions counted by valgrind's callgrind when it is installed
+(deterministic: other jobs on the machine do not skew it; only the measured
+loop is counted, each row in its own process, after a warm-up run), else in
+time.  Each SDK row is printed with its cost / fanout's (the goal: >= 2x), the
+floor with fanout's / its (the goal: <= 2x).
+
+--classic: the timed tables of one ~20 MB body per dialect:
 
 Builds a deterministic body of chat-completion chunks (~200 bytes each: ~90 %
 content deltas of 1-8 characters, ~10 % tool-call argument fragments, a
@@ -41,18 +61,21 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 
 import argparse
 import json
+import os
 import random
 import statistics
 import string
+import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
 
-import httpx
-import orjson
+if "--worker" not in sys.argv:  # a worker may run in another venv (openai 2.x, no fanout)
+    import httpx
+    import orjson
 
-import fanout
-from fanout.core import _json
+    import fanout
+    from fanout.core import _json
 
 READ_SIZE = 16 * 1024
 WORDS = (
@@ -118,12 +141,13 @@ def _dialect_frame(kind: str, payload: dict[str, Any]) -> bytes:
             + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n")
 
 
-def build_dialect_body(api: str, target_bytes: int, seed: int = 20261201
-                       ) -> tuple[bytes, str, int]:
+def build_dialect_body(api: str, target_bytes: int, seed: int = 20261201, *,
+                       events: int = 0, tool_share: float = 0.1) -> tuple[bytes, str, int]:
     """A Responses or Anthropic body of ~target_bytes: (body, expected text, events).
 
     The same mix as the chat body: ~90 % text deltas of 1-8 characters, ~10 %
-    tool-call argument fragments, one tool call per block or output item.
+    tool-call argument fragments (``tool_share``), one tool call per block or output
+    item; with ``events``, about that many events whatever their size.
     """
     rng = random.Random(seed)
     frames: list[bytes] = []
@@ -164,8 +188,8 @@ def build_dialect_body(api: str, target_bytes: int, seed: int = 20261201
     position = 0  # the output item or content block of the open tool call
     tool_args = ""
     calls: list[dict[str, Any]] = []  # Responses: the function-call items, whole
-    while size < target_bytes:
-        if rng.random() < 0.9:
+    while len(frames) < events if events else size < target_bytes:
+        if rng.random() < 1 - tool_share:
             piece = rng.choice(WORDS)
             piece = (" " + piece)[: rng.randint(1, 8)] if rng.random() < 0.8 else piece[:8]
             text.append(piece)
@@ -332,8 +356,350 @@ def json_floor(loads: Callable[[str], Any], payloads: list[str]) -> None:
         loads(payload)
 
 
+# -- the shape matrix: every body shape, 16 KiB reads and one event per read ----------------
+
+CHAT_SHAPES = ("ordinary", "tool-heavy", "n=2", "multi-line", "crlf", "comments", "big")
+DIALECT_SHAPES = ("ordinary", "tool-heavy")
+_HEAD = {"id": "chatcmpl-BENCH0123456789abcdef", "object": "chat.completion.chunk",
+         "created": 1795978800, "model": "gpt-4o-mini-2024-07-18"}
+
+
+def _piece(rng: random.Random) -> str:
+    piece = rng.choice(WORDS)
+    return (" " + piece)[: rng.randint(1, 8)] if rng.random() < 0.8 else piece[:8]
+
+
+def chat_shape(shape: str, events: int, seed: int = 20261129) -> tuple[list[bytes], str]:
+    """One chat body of ``shape`` as its event frames (one read each in that mode), and
+    the first choice's expected text.  ``events`` is about the number of chunks."""
+    rng = random.Random(seed)
+    chunks: list[dict[str, Any]] = []
+    text: list[str] = []
+    tool_share = {"tool-heavy": 0.9}.get(shape, 0.1)
+    choices = 2 if shape == "n=2" else 1
+    if shape == "big":
+        events = max(events // 100, 20)  # ~20 KB each: a backfill, a long reasoning dump
+    for index in range(choices):
+        chunks.append({**_HEAD, "choices": [{"index": index, "delta": {
+            "role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]})
+    tool_index = [-1] * choices
+    tool_args = [""] * choices
+    for number in range(events):
+        index = number % choices
+        if shape == "big":
+            piece = "".join(_piece(rng) for _ in range(4000))
+        elif rng.random() >= tool_share:
+            piece = _piece(rng)
+        else:
+            piece = ""
+        if piece:
+            if index == 0:
+                text.append(piece)
+            delta: dict[str, Any] = {"content": piece}
+        elif not tool_args[index]:  # open the next tool call
+            tool_index[index] += 1
+            tool_args[index] = json.dumps({
+                "city": rng.choice(WORDS), "days": rng.randint(1, 9),
+                "note": "".join(rng.choices(string.ascii_letters, k=60))})
+            delta = {"tool_calls": [{
+                "index": tool_index[index], "id": f"call_{index}_{tool_index[index]:06d}",
+                "type": "function", "function": {"name": "get_weather", "arguments": ""}}]}
+        else:
+            cut = rng.randint(1, 8)
+            fragment, tool_args[index] = tool_args[index][:cut], tool_args[index][cut:]
+            delta = {"tool_calls": [{"index": tool_index[index],
+                                     "function": {"arguments": fragment}}]}
+        chunks.append({**_HEAD, "choices": [{"index": index, "delta": delta, "logprobs": None,
+                                             "finish_reason": None}]})
+    for index in range(choices):
+        chunks.append({**_HEAD, "choices": [{"index": index, "delta": {}, "logprobs": None,
+                                             "finish_reason": "stop"}]})
+    chunks.append({**_HEAD, "choices": [], "usage": {
+        "prompt_tokens": 12, "completion_tokens": len(chunks),
+        "total_tokens": len(chunks) + 12}})
+    end = b"\r\n" if shape == "crlf" else b"\n"
+    frames = []
+    for number, chunk in enumerate(chunks):
+        payload = json.dumps(chunk, ensure_ascii=False, separators=(",", ":")).encode()
+        if shape == "multi-line":  # the JSON cut over three `data:` lines, joined with \n
+            first, second = payload.index(b',"created"'), payload.index(b',"choices"')
+            lines = [payload[: first + 1], payload[first + 1 : second + 1],
+                     payload[second + 1 :]]
+        else:
+            lines = [payload]
+        frame = b"".join(b"data: " + line + end for line in lines) + end
+        if shape == "comments" and number % 3 == 0:  # OpenRouter's keep-alives
+            frame = b": OPENROUTER PROCESSING" + end + end + frame
+        frames.append(frame)
+    frames.append(b"data: [DONE]" + end + end)
+    return frames, "".join(text)
+
+
+def dialect_shape(api: str, shape: str, events: int, seed: int = 20261201
+                  ) -> tuple[list[bytes], str]:
+    """A Responses or Anthropic body as its event frames, and its expected text."""
+    body, text, _ = build_dialect_body(api, 0, seed, events=events,
+                                       tool_share=0.9 if shape == "tool-heavy" else 0.1)
+    frames = [frame + b"\n\n" for frame in body.split(b"\n\n") if frame]
+    return frames, text
+
+
+def matrix_cells(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every (api, shape, read mode) cell: its reads on disk, its event count."""
+    cells: list[dict[str, Any]] = []
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    plan: list[tuple[str, str]] = [("chat", shape) for shape in CHAT_SHAPES
+                                   if shape in args.shapes]
+    plan += [(api, shape) for api in args.dialects.split(",") if api
+             for shape in DIALECT_SHAPES if shape in args.shapes]
+    for api, shape in plan:
+        if api == "chat":
+            frames, text = chat_shape(shape, args.events)
+        else:
+            frames, text = dialect_shape(api, shape, args.events)
+        body = b"".join(frames)
+        path = work / f"{api}-{shape}.body"
+        path.write_bytes(body)
+        payloads = len([f for f in frames if b"data:" in f])
+        for mode in ("16k", "event"):
+            cuts = ([min(i + READ_SIZE, len(body)) for i in range(0, len(body), READ_SIZE)]
+                    if mode == "16k" else _ends(frames))
+            cells.append({"api": api, "shape": shape, "mode": mode, "body": str(path),
+                          "cuts": cuts, "text": text, "events": payloads,
+                          "bytes": len(body)})
+    return cells
+
+
+def _ends(frames: list[bytes]) -> list[int]:
+    ends, at = [], 0
+    for frame in frames:
+        at += len(frame)
+        ends.append(at)
+    return ends
+
+
+def _reads(cell: dict[str, Any]) -> list[bytes]:
+    body = Path(cell["body"]).read_bytes()
+    reads, start = [], 0
+    for end in cell["cuts"]:
+        reads.append(body[start:end])
+        start = end
+    return reads
+
+
+def _payloads(reads: list[bytes]) -> list[bytes]:
+    """The events' data, bytes, as a byte-level decoder would hand them over."""
+    body = b"".join(reads).replace(b"\r\n", b"\n")
+    out = []
+    for block in body.split(b"\n\n"):
+        data = [line[6:] for line in block.split(b"\n") if line.startswith(b"data: ")]
+        if data and data != [b"[DONE]"]:
+            out.append(b"\n".join(data))
+    return out
+
+
+def _workload(impl: str, cell: dict[str, Any]) -> Callable[[], object]:
+    """The loop one row runs over one cell's reads."""
+    reads = _reads(cell)
+    api = cell["api"]
+    if impl == "fanout":
+        import fanout as fanout_module
+
+        def run_fanout_cell() -> object:
+            result = fanout_module.parse_stream(reads, api=api)
+            assert result.outcome is fanout_module.Outcome.COMPLETED, result.reason
+            assert result.text == cell["text"], "fanout produced the wrong text"
+            return result
+
+        return run_fanout_cell
+    if impl == "floor":
+        import orjson as orjson_module
+
+        payloads = _payloads(reads)
+        loads = orjson_module.loads
+
+        def run_floor() -> object:
+            for payload in payloads:
+                loads(payload)
+            return None
+
+        return run_floor
+    if impl == "openai":
+        from openai._streaming import SSEDecoder
+    else:
+        from anthropic._streaming import SSEDecoder  # type: ignore[no-redef]
+    loads = json.loads
+
+    def run_sdk() -> object:
+        for sse in SSEDecoder().iter_bytes(iter(reads)):
+            if sse.data.startswith("[DONE]"):
+                if api == "chat":
+                    break
+                continue
+            loads(sse.data)
+        return None
+
+    return run_sdk
+
+
+def worker(impl: str, cells_file: str, measure: str, repeat: int) -> None:
+    """Run ``impl`` over every cell: under callgrind, one counted call per cell
+    (inside functools.reduce, which --toggle-collect counts and --dump-after
+    dumps); else timed, printing each cell's per-round seconds as JSON lines."""
+    import functools
+
+    cells = json.loads(Path(cells_file).read_text())
+    for cell in cells:
+        run = _workload(impl, cell)
+        run()  # warm: imports, caches, the interpreter's specialisation
+        if measure == "instructions":
+            functools.reduce(lambda acc, _: run(), [0], None)
+        else:
+            times = []
+            for _ in range(repeat):
+                start = time.perf_counter()
+                run()
+                times.append(time.perf_counter() - start)
+            print(json.dumps(times), flush=True)
+
+
+def _sdk_rows(api: str, openai2: str | None) -> list[tuple[str, str, str]]:
+    """(row name, python, impl) of the SDK rows for ``api``."""
+    import importlib.metadata
+
+    here = sys.executable
+    if api == "anthropic":
+        return [(f"anthropic {importlib.metadata.version('anthropic')} SSEDecoder + json.loads",
+                 here, "anthropic")]
+    rows = []
+    if openai2:
+        version = subprocess.run([openai2, "-c", "import openai; print(openai.__version__)"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+        rows.append((f"openai {version} SSEDecoder + json.loads", openai2, "openai"))
+    rows.append((f"openai {importlib.metadata.version('openai')} SSEDecoder + json.loads",
+                 here, "openai"))
+    return rows
+
+
+def _ensure_openai2(path: str) -> str | None:
+    """The python of a venv under /tmp with openai 2.54 (created on first use)."""
+    if not path:
+        return None
+    python = Path(path) / "bin" / "python"
+    if not python.exists():
+        print(f"creating {path} with openai==2.54.* (the last 2.x SSEDecoder) ...",
+              file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "venv", path], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "openai==2.54.*",
+                        "orjson"], check=True)
+    return str(python)
+
+
+def _run_worker(python: str, impl: str, cells: list[dict[str, Any]], args: argparse.Namespace
+                ) -> list[float]:
+    """Per cell: instructions per event (callgrind) or median seconds per event."""
+    work = Path(args.workdir)
+    cells_file = work / f"cells-{impl}-{abs(hash(python))}.json"
+    cells_file.write_text(json.dumps(cells))
+    command = [python, str(Path(__file__).resolve()), "--worker", impl, str(cells_file),
+               args.measure, str(args.repeat)]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    if args.measure == "instructions":
+        out = work / f"cg-{impl}-{abs(hash(python))}"
+        for old in work.glob(out.name + "*"):
+            old.unlink()
+        subprocess.run(["valgrind", "--tool=callgrind", "--collect-atstart=no",
+                        "--toggle-collect=functools_reduce", "--dump-after=functools_reduce",
+                        f"--callgrind-out-file={out}", *command],
+                       check=True, env=env, capture_output=True)
+        totals = []
+        for number in range(1, len(cells) + 1):
+            text = Path(f"{out}.{number}").read_text()
+            totals.append(int(text.split("\ntotals: ")[1].split()[0]))
+        return [total / cell["events"] for total, cell in zip(totals, cells, strict=True)]
+    done = subprocess.run(command, check=True, env=env, capture_output=True, text=True)
+    return [statistics.median(json.loads(line)) / cell["events"]
+            for line, cell in zip(done.stdout.splitlines(), cells, strict=True)]
+
+
+def matrix(args: argparse.Namespace) -> None:
+    """The per-shape table: fanout, the SDKs' bare decoders + json.loads, the floor."""
+    import shutil
+
+    if args.measure == "auto":
+        args.measure = "instructions" if shutil.which("valgrind") else "time"
+    cells = matrix_cells(args)
+    openai2 = _ensure_openai2(args.openai2)
+    unit = "instructions/event" if args.measure == "instructions" else "µs/event"
+    scale = 1.0 if args.measure == "instructions" else 1e6
+    print(f"python {sys.version.split()[0]}; {unit} "
+          + ("(callgrind Ir, the measured loop only)" if scale == 1.0 else
+             f"(median of {args.repeat})")
+          + "; ratios: the row's cost / fanout's (>1: fanout is faster)")
+    for api in dict.fromkeys(cell["api"] for cell in cells):
+        api_cells = [cell for cell in cells if cell["api"] == api]
+        rows: list[tuple[str, list[float]]] = []
+        rows.append(("fanout", _run_worker(sys.executable, "fanout", api_cells, args)))
+        print(f"  {api}: fanout done", file=sys.stderr)
+        for name, python, impl in _sdk_rows(api, openai2):
+            rows.append((name, _run_worker(python, impl, api_cells, args)))
+            print(f"  {api}: {name} done", file=sys.stderr)
+        rows.append(("floor: orjson.loads per payload",
+                     _run_worker(sys.executable, "floor", api_cells, args)))
+        _print_matrix(api, unit, scale, api_cells, rows)
+
+
+def _print_matrix(api: str, unit: str, scale: float, cells: list[dict[str, Any]],
+                  rows: list[tuple[str, list[float]]]) -> None:
+    """One line per (shape, read mode): each row's cost, the SDKs' as a multiple of
+    fanout's (the goal: >= 2x), fanout's as a multiple of the floor's (<= 2x)."""
+    fanout_row, *sdk_rows, floor_row = rows
+    print()
+    print(f"## {api}: {unit}")
+    print()
+    head = ["shape", "reads", "events (bytes each)", "fanout"]
+    for name, _ in sdk_rows:
+        head += [name, "÷ fanout"]
+    head += ["orjson floor", "fanout ÷ floor"]
+    print("| " + " | ".join(head) + " |")
+    print("|---|---|" + "---:|" * (len(head) - 2))
+
+    def number(value: float) -> str:
+        return f"{value * scale:,.0f}" if scale == 1.0 else f"{value * scale:.2f}"
+
+    for at, cell in enumerate(cells):
+        mine = fanout_row[1][at]
+        line = [cell["shape"], "16 KiB" if cell["mode"] == "16k" else "1 event",
+                f"{cell['events']:,} ({cell['bytes'] // cell['events']:,})", number(mine)]
+        for _, values in sdk_rows:
+            line += [number(values[at]), f"{values[at] / mine:.2f}x"]
+        line += [number(floor_row[1][at]), f"{mine / floor_row[1][at]:.2f}x"]
+        print("| " + " | ".join(line) + " |")
+    print()
+
+
 def main() -> None:
+    if len(sys.argv) == 6 and sys.argv[1] == "--worker":
+        worker(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--classic", action="store_true",
+                        help="the timed tables of one 20 MB body per dialect (with --mb, "
+                        "--skip-accumulate, --skip-chat) instead of the shape matrix")
+    parser.add_argument("--measure", choices=("auto", "instructions", "time"), default="auto",
+                        help="matrix: callgrind instructions (auto: when valgrind is "
+                        "installed) or time")
+    parser.add_argument("--events", type=int, default=3000,
+                        help="matrix: events per body (default 3000; 'big' has 1/100)")
+    parser.add_argument("--shapes", default=",".join(CHAT_SHAPES),
+                        help="matrix: the body shapes (comma-separated; the dialects have "
+                        "ordinary and tool-heavy)")
+    parser.add_argument("--openai2", default="/tmp/fanout-bench-openai-2.54",
+                        help="matrix: a venv with openai 2.54 (made with pip on first use; "
+                        "'' to leave that row out)")
+    parser.add_argument("--workdir", default="/tmp/fanout-bench-parse",
+                        help="matrix: where the bodies and callgrind dumps go")
     parser.add_argument("--mb", type=float, default=20.0, help="body size in MB (default 20)")
     parser.add_argument("--repeat", type=int, default=5,
                         help="rounds; each row's median and min are reported (default 5)")
@@ -345,6 +711,18 @@ def main() -> None:
     args = parser.parse_args()
     if args.repeat < 3:
         parser.error("--repeat must be at least 3 (the table reports medians)")
+    args.shapes = [shape for shape in args.shapes.split(",") if shape]
+    for shape in args.shapes:
+        if shape not in CHAT_SHAPES:
+            parser.error(f"--shapes: unknown shape {shape!r} ({', '.join(CHAT_SHAPES)})")
+    if not args.classic:
+        for api in [d for d in args.dialects.split(",") if d]:
+            if api not in ("responses", "anthropic"):
+                parser.error(f"--dialects: unknown dialect {api!r} (responses, anthropic)")
+        if args.skip_chat:
+            args.shapes = [s for s in args.shapes if s in DIALECT_SHAPES]
+        matrix(args)
+        return
 
     dialects = [d for d in args.dialects.split(",") if d]
     for api in dialects:

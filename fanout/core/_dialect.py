@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._exceptions import MalformedFrame
 from . import _json
@@ -36,12 +36,16 @@ from .chat import (  # one definition of each, shared with the chat interpreter
     _loads_checked,
     _short,
     _str_or_none,
+    _unsafe,
     other_dialect,
 )
 from .events import CoreEvent, ErrorReported, FrameSkipped, ResponseInfo, ToolCallDelta
 from .redact import Redactor
 from .result import StreamError
 from .sse import ServerSentEvent
+
+if TYPE_CHECKING:
+    from .accumulate import Accumulator
 
 __all__ = ["MAX_BLOCKS", "CallPart", "DialectInterpreter", "SplitCall"]
 
@@ -50,7 +54,7 @@ MAX_BLOCKS = 1024
 _EXCERPT = 200
 _NO_REDACTION = Redactor()
 
-Handler = Callable[[dict[str, Any], str, list[CoreEvent]], None]
+Handler = Callable[[dict[str, Any], str | bytes, list[CoreEvent]], None]
 
 
 class DialectInterpreter:
@@ -102,20 +106,26 @@ class DialectInterpreter:
         self.interpret_into(event, out)
         return out
 
-    def interpret_into(self, event: ServerSentEvent | str | tuple[str, str],
+    def interpret_into(self, event: ServerSentEvent | str | bytes | tuple[Any, str],
                        out: list[CoreEvent]) -> None:
-        """Like ``interpret``, appending to ``out`` (the parser's hot path).
+        """Like ``interpret``, appending to ``out``.
 
-        A plain ``str`` is the data of a ``message`` event; a ``(data, name)``
-        pair, an event named ``name`` (``SSEDecoder``'s shortcuts).
+        A plain ``str`` is the data of a ``message`` event, ``bytes`` that data
+        not yet decoded; a ``(data, name)`` pair, an event named ``name``
+        (``SSEDecoder``'s shortcuts).
         """
         if self.done:
             self.ignored_after_done += 1
             return
         if type(event) is tuple:
             data, event_type = event
+            if type(data) is bytes:
+                data = data.decode("utf-8", "replace")
         elif type(event) is str:
             data = event
+            event_type = "message"
+        elif type(event) is bytes:
+            data = event.decode("utf-8", "replace")
             event_type = "message"
         else:
             data = event.data  # type: ignore[union-attr]
@@ -174,24 +184,24 @@ class DialectInterpreter:
                 return
         handler(chunk, data, out)
 
-    def interpret_all(self, events: Sequence[ServerSentEvent | str | tuple[str, str]],
-                      out: list[CoreEvent]) -> None:
+    def interpret_all(self, events: Sequence[ServerSentEvent | str | bytes | tuple[Any, str]],
+                      out: list[CoreEvent], fold: Accumulator | None = None) -> None:
         """``interpret_into`` for each event in order (the parser's hot path).
 
         The common case (a ``(data, name)`` pair whose data is a JSON object of
-        a known type, no secrets to redact) is read here without a call per
-        event; every other event goes through ``interpret_into``.
+        a known type, undecoded, nothing for the redactor in it: see
+        ``ChatChunkInterpreter.interpret_all``) is read here without a call per
+        event; every other event goes through ``interpret_into``.  ``fold`` is
+        the accumulator when no one reads the events (the dialects build them).
         """
-        if self._redacting:
-            for event in events:
-                self.interpret_into(event, out)
-            return
         handlers = self._handlers
-        loads = _json.loads
+        loads = _json.for_bytes(_json.loads)
+        secrets = self._redactor.encoded
         for event in events:
             if type(event) is tuple and not self.done:
                 data, name = event
-                if name != "error":
+                if name != "error" and type(data) is bytes and not (secrets and (
+                        _unsafe(data, secrets) or any(s in name.encode() for s in secrets))):
                     try:
                         chunk = loads(data)
                     except (ValueError, RecursionError):
@@ -230,12 +240,13 @@ class DialectInterpreter:
             out.append(ResponseInfo(_str_or_none(response_id), _str_or_none(model), None,
                                     self._stream, self._content_key))
 
-    def _skip(self, reason: str, data: str, out: list[CoreEvent]) -> None:
+    def _skip(self, reason: str, data: str | bytes, out: list[CoreEvent]) -> None:
+        text = data if isinstance(data, str) else data.decode("utf-8", "replace")
         if self.strict:
-            raise MalformedFrame(reason, data)
-        out.append(FrameSkipped(reason, data[:_EXCERPT], self._stream, self._content_key))
+            raise MalformedFrame(reason, text)
+        out.append(FrameSkipped(reason, text[:_EXCERPT], self._stream, self._content_key))
 
-    def _index(self, value: Any, what: str, data: str, out: list[CoreEvent]) -> int | None:
+    def _index(self, value: Any, what: str, data: str | bytes, out: list[CoreEvent]) -> int | None:
         """``value`` as a non-negative integer index, else a skipped frame and ``None``."""
         if type(value) is not int:
             self._skip(f"{what} {_short(value)} is not an integer" if value is not None

@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["BACKEND", "loads", "loads_stdlib"]
+__all__ = ["BACKEND", "for_bytes", "loads", "loads_stdlib"]
 
 _INT64_MIN = -(2**63)
 _UINT64_END = 2**64
@@ -41,11 +41,23 @@ loads_stdlib: Callable[[str], Any] = json.JSONDecoder(parse_int=_parse_int).deco
 loads: Callable[[str], Any] = loads_stdlib
 BACKEND = "stdlib"
 
+_orjson_loads: Callable[[bytes | str], Any] | None = None
+
 if os.environ.get("FANOUT_JSON", "").lower() != "stdlib":
     try:
         from orjson import loads as _orjson_loads
     except ImportError:  # pragma: no cover - the stdlib-backend tests cover this path
         pass
     else:
-        loads = _orjson_loads
+        loads = _orjson_loads  # type: ignore[assignment]
         BACKEND = "orjson"
+
+
+def for_bytes(text_loads: Callable[[str], Any]) -> Callable[[bytes], Any]:
+    """``text_loads`` for a payload not yet decoded: orjson reads UTF-8 bytes as
+    they are (and rejects invalid UTF-8, as the strict decoding does for any
+    other), so both give what ``text_loads`` gives on the decoded text, or a
+    ``ValueError``."""
+    if text_loads is _orjson_loads:
+        return text_loads
+    return lambda data: text_loads(data.decode())

@@ -201,6 +201,23 @@ class Accumulator:
         finally:
             self.content_events += texts
 
+    def texts(self, choice: int) -> list[str]:
+        """Choice ``choice``'s text fragments, for a caller that folds ``TextDelta``
+        events without building them (it adds them to ``content_events``)."""
+        return self._choice(choice).text
+
+    def arguments(self, choice: int, tool_index: int, arguments: str) -> None:
+        """Fold ``ToolCallDelta(choice, tool_index, None, None, None, arguments)``
+        without building it."""
+        self.content_events += 1
+        state = self._choice(choice)
+        call = state.tools.get(tool_index)
+        if call is None:
+            call = state.tools[tool_index] = _ToolCallState(tool_index)
+        if arguments:
+            call.arguments.append(arguments)
+        state.last_tool = call
+
     def _choice(self, index: int) -> _ChoiceState:
         state = self._choices.get(index)
         if state is None:

@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any, ClassVar, final
+from typing import TYPE_CHECKING, Any, ClassVar, final
 
 from . import _json
 from ._dialect import (
@@ -87,6 +87,9 @@ from .events import (
 from .redact import Redactor
 from .result import StreamError, ThinkingBlock, Usage
 from .sse import ServerSentEvent
+
+if TYPE_CHECKING:
+    from .accumulate import Accumulator
 
 __all__ = ["STOP_REASONS", "AnthropicInterpreter", "anthropic_body_events", "anthropic_usage"]
 
@@ -164,19 +167,20 @@ class AnthropicInterpreter(DialectInterpreter):
             "error": self._report,
         }
 
-    def interpret_all(self, events: Sequence[ServerSentEvent | str | tuple[str, str]],
-                      out: list[CoreEvent]) -> None:
+    def interpret_all(self, events: Sequence[ServerSentEvent | str | bytes | tuple[Any, str]],
+                      out: list[CoreEvent], fold: Accumulator | None = None) -> None:
         """``interpret_into`` for each event in order (the parser's hot path): a text
         delta to an open text block, nearly every event, is read without a call."""
         if self._redacting:
-            super().interpret_all(events, out)
+            super().interpret_all(events, out, fold)
             return
-        loads = _json.loads
+        loads = _json.for_bytes(_json.loads)
         handlers = self._handlers
         blocks = self._blocks
         stream, key = self._stream, self._content_key
         for event in events:
-            if type(event) is tuple and not self.done and event[1] != "error":
+            if type(event) is tuple and not self.done and event[1] != "error" \
+                    and type(event[0]) is bytes:
                 data = event[0]
                 try:
                     chunk = loads(data)
@@ -192,7 +196,14 @@ class AnthropicInterpreter(DialectInterpreter):
                                 and type(delta) is dict and delta.get("type") == "text_delta":
                             text = delta.get("text")
                             if text and type(text) is str:
-                                out.append(TextDelta(0, text, stream, key))
+                                if fold is None:
+                                    out.append(TextDelta(0, text, stream, key))
+                                else:  # no one reads the events: folded unbuilt, in order
+                                    if out:
+                                        fold.extend(out)
+                                        out.clear()
+                                    fold.texts(0).append(text)
+                                    fold.content_events += 1
                             continue
                     handler = handlers.get(kind) if type(kind) is str else None
                     if handler is not None:
@@ -200,7 +211,7 @@ class AnthropicInterpreter(DialectInterpreter):
                         continue
             self.interpret_into(event, out)
 
-    def _delta(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
+    def _delta(self, chunk: dict[str, Any], data: str | bytes, out: list[CoreEvent]) -> None:
         index = chunk.get("index")
         block = self._blocks.get(index) if type(index) is int else None
         delta = chunk.get("delta")
@@ -263,7 +274,7 @@ class AnthropicInterpreter(DialectInterpreter):
         self.implicit_blocks += 1
         return block
 
-    def _block(self, chunk: dict[str, Any], what: str, data: str,
+    def _block(self, chunk: dict[str, Any], what: str, data: str | bytes,
                out: list[CoreEvent]) -> _Block | None:
         index = self._index(chunk.get("index"), f"{what} index", data, out)
         if index is None:
@@ -277,7 +288,7 @@ class AnthropicInterpreter(DialectInterpreter):
             return None
         return block
 
-    def _start(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
+    def _start(self, chunk: dict[str, Any], data: str | bytes, out: list[CoreEvent]) -> None:
         index = self._index(chunk.get("index"), "content_block_start index", data, out)
         if index is None:
             return
@@ -340,7 +351,7 @@ class AnthropicInterpreter(DialectInterpreter):
         else:
             self.ignored_events += 1  # server_tool_use, web_search_tool_result, new types
 
-    def _stop(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
+    def _stop(self, chunk: dict[str, Any], data: str | bytes, out: list[CoreEvent]) -> None:
         index = self._index(chunk.get("index"), "content_block_stop index", data, out)
         if index is None:
             return
@@ -362,7 +373,7 @@ class AnthropicInterpreter(DialectInterpreter):
         elif block.call is not None and block.part is not None:
             self.ignored_events += block.call.stop(block.part, out)
 
-    def _continue(self, call: SplitCall, index: int, content: dict[str, Any], data: str,
+    def _continue(self, call: SplitCall, index: int, content: dict[str, Any], data: str | bytes,
                   out: list[CoreEvent]) -> None:
         """A ``tool_use`` block repeating the id of an earlier call continues that call
         (LiteLLM's ``/v1/messages`` splits one call into a block per fragment, each
@@ -403,7 +414,8 @@ class AnthropicInterpreter(DialectInterpreter):
             if not call.arguments:
                 call.give("{}", out)
 
-    def _message_start(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
+    def _message_start(self, chunk: dict[str, Any], data: str | bytes,
+                       out: list[CoreEvent]) -> None:
         message = chunk.get("message")
         if type(message) is not dict:
             self._skip("message_start without a message object", data, out)
@@ -415,7 +427,8 @@ class AnthropicInterpreter(DialectInterpreter):
             out.append(ChoiceRole(0, role, self._stream, self._content_key))
         self._merge_usage(message.get("usage"), out)
 
-    def _message_delta(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
+    def _message_delta(self, chunk: dict[str, Any], data: str | bytes,
+                       out: list[CoreEvent]) -> None:
         if self._calls:
             self._close_calls(out)
         delta = chunk.get("delta")
@@ -433,13 +446,13 @@ class AnthropicInterpreter(DialectInterpreter):
                                 **{k: v for k, v in usage.items() if v is not None}}
         out.append(UsageReported(anthropic_usage(merged), self._stream, self._content_key))
 
-    def _message_stop(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
+    def _message_stop(self, chunk: dict[str, Any], data: str | bytes, out: list[CoreEvent]) -> None:
         if self._calls:
             self._close_calls(out)
         self.done = True
         out.append(DoneReceived(self._stream, self._content_key))
 
-    def _report(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
+    def _report(self, chunk: dict[str, Any], data: str | bytes, out: list[CoreEvent]) -> None:
         self._report_error(chunk, out)
 
     def _error(self, payload: Any) -> StreamError:
@@ -449,7 +462,7 @@ class AnthropicInterpreter(DialectInterpreter):
         return error
 
 
-def _nothing(chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
+def _nothing(chunk: dict[str, Any], data: str | bytes, out: list[CoreEvent]) -> None:
     return None
 
 

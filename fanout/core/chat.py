@@ -27,8 +27,8 @@ nothing about bytes or sockets.  Its rules:
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from typing import Any, final
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, final
 
 from .._exceptions import EventTooLarge, MalformedFrame
 from . import _json
@@ -49,6 +49,9 @@ from .events import (
 from .redact import Redactor
 from .result import StreamError, Usage
 from .sse import ServerSentEvent, SSEDecoder
+
+if TYPE_CHECKING:
+    from .accumulate import Accumulator
 
 __all__ = [
     "MAX_CHOICES",
@@ -77,8 +80,11 @@ class ChatChunkInterpreter:
     """
 
     __slots__ = (
+        "_appends",
+        "_bytes_loads",
         "_choices",
         "_content_key",
+        "_fold",
         "_loads",
         "_max_choices",
         "_max_tool_calls",
@@ -86,6 +92,7 @@ class ChatChunkInterpreter:
         "_redactor",
         "_roles",
         "_stream",
+        "_text_loads",
         "_tools",
         "done",
         "ignored_after_done",
@@ -108,6 +115,11 @@ class ChatChunkInterpreter:
         self._tools: dict[int, set[int | str]] = {}
         self._meta: tuple[Any, Any, Any] = (None, None, None)
         self._loads = _json.loads
+        self._text_loads = self._loads
+        self._bytes_loads = _json.for_bytes(self._loads)
+        # interpret_all's fold: each choice's text list's append, for that accumulator
+        self._fold: Accumulator | None = None
+        self._appends: dict[int, Callable[[str], None]] = {}
 
     def interpret(self, event: ServerSentEvent) -> list[CoreEvent]:
         """Return the normalized events one server-sent event carries."""
@@ -115,16 +127,20 @@ class ChatChunkInterpreter:
         self.interpret_into(event, out)
         return out
 
-    def interpret_into(self, event: ServerSentEvent | str, out: list[CoreEvent]) -> None:
-        """Like ``interpret``, appending to ``out`` (the parser's hot path).
+    def interpret_into(self, event: ServerSentEvent | str | bytes, out: list[CoreEvent]) -> None:
+        """Like ``interpret``, appending to ``out``.
 
-        A plain ``str`` is the data of a ``message`` event.
+        A plain ``str`` is the data of a ``message`` event; ``bytes``, that data
+        not yet decoded (``SSEDecoder``'s shortcuts).
         """
         if self.done:
             self.ignored_after_done += 1
             return
         if type(event) is str:
             data = event
+            event_type = "message"
+        elif type(event) is bytes:
+            data = event.decode("utf-8", "replace")
             event_type = "message"
         else:
             data = event.data  # type: ignore[union-attr]
@@ -159,6 +175,100 @@ class ChatChunkInterpreter:
             return
         if redactor and "\\u00" in data:  # a secret may hide behind JSON escapes
             chunk = redactor.value(chunk)
+        self._chunk(chunk, data, out)
+
+    def interpret_all(self, events: Sequence[ServerSentEvent | str | bytes], out: list[CoreEvent],
+                      fold: Accumulator | None = None) -> None:
+        """``interpret_into`` for each event in order (the parser's hot path).
+
+        An undecoded payload (``bytes``: valid UTF-8 parses straight from them)
+        of the commonest shape, one choice whose delta is only ``content`` or
+        only one tool call's ``arguments`` fragment, is read here without a
+        call.  With ``fold`` (no consumer wants the events: ``parse_stream``)
+        its text or fragment goes straight into that accumulator, and the
+        events of ``out`` are folded first, so the order is kept; the caller
+        folds what is left in ``out``.  Anything else goes through
+        ``interpret_into`` / ``_chunk``, as do payloads where the redactor may
+        have work (a secret's bytes in them, or a ``\\u00`` escape).
+        """
+        if self._loads is not self._text_loads:  # a test swapped the JSON parser
+            self._text_loads = self._loads
+            self._bytes_loads = _json.for_bytes(self._loads)
+        loads = self._bytes_loads
+        secrets = self._redactor.encoded
+        seen = self._choices
+        stream, key = self._stream, self._content_key
+        if fold is not None and fold is not self._fold:
+            self._fold = fold
+            self._appends.clear()
+        for event in events:
+            if type(event) is not bytes or self.done or (secrets and _unsafe(event, secrets)):
+                self.interpret_into(event, out)
+                continue
+            try:
+                chunk = loads(event)  # [DONE] is no JSON: it fails here
+            except (ValueError, RecursionError):
+                chunk = None
+            if type(chunk) is not dict:  # not UTF-8, not JSON, not an object: the referee
+                self.interpret_into(event, out)
+                continue
+            meta = self._meta
+            choices = chunk.get("choices")
+            if (chunk.get("error") or type(choices) is not list or len(choices) != 1
+                    or chunk.get("id") != meta[0] or chunk.get("model") != meta[1]
+                    or chunk.get("system_fingerprint") != meta[2]):
+                self._chunk(chunk, event, out)
+                continue
+            choice = choices[0]
+            delta = choice.get("delta") if type(choice) is dict else None
+            index = choice.get("index", 0) if type(delta) is dict else None
+            if type(index) is not int or index not in seen or len(delta) != 1:  # type: ignore[arg-type]
+                self._chunk(chunk, event, out)
+                continue
+            content = delta.get("content")  # type: ignore[union-attr]
+            if type(content) is str:
+                if content:
+                    if fold is None:
+                        out.append(TextDelta(index, content, stream, key))
+                    else:
+                        if out:  # keep the order: what came before is folded first
+                            fold.extend(out)
+                            out.clear()
+                        append = self._appends.get(index)
+                        if append is None:
+                            append = self._appends[index] = fold.texts(index).append
+                        append(content)
+                        fold.content_events += 1
+            else:
+                calls = delta.get("tool_calls")  # type: ignore[union-attr]
+                call = calls[0] if type(calls) is list and len(calls) == 1 else None
+                function = call.get("function") if type(call) is dict and len(call) == 2 \
+                    else None
+                arguments = function.get("arguments") if type(function) is dict \
+                    and len(function) == 1 else None
+                tool_index = call.get("index") if type(arguments) is str else None  # type: ignore[union-attr]
+                if type(tool_index) is not int or tool_index not in self._tools.get(index, ()):
+                    self._chunk(chunk, event, out)
+                    continue
+                if fold is None:
+                    out.append(ToolCallDelta(index, tool_index, None, None, None,
+                                             arguments, stream, key))  # type: ignore[arg-type]
+                else:
+                    if out:
+                        fold.extend(out)
+                        out.clear()
+                    fold.arguments(index, tool_index, arguments)  # type: ignore[arg-type]
+            finish_reason = choice.get("finish_reason")
+            if finish_reason is not None and finish_reason != "":
+                out.append(ChoiceFinished(index, str(finish_reason), stream, key))
+            usage = chunk.get("usage")
+            if usage and type(usage) is dict:
+                out.append(UsageReported(Usage.from_dict(usage), stream, key))
+
+    def _chunk(self, chunk: dict[str, Any], data: str | bytes, out: list[CoreEvent]) -> None:
+        """The events of one parsed chunk (``data``: its text, for skipped frames)."""
+        stream = self._stream
+        key = self._content_key
         if chunk.get("error"):  # null, false, {} and "" are no error
             out.append(ErrorReported(error_from_payload(chunk), stream, key))
             return
@@ -211,7 +321,8 @@ class ChatChunkInterpreter:
             out.append(UsageReported(Usage.from_dict(usage), stream, key))
 
     def _delta(
-        self, index: int, delta: dict[str, Any], content: Any, data: str, out: list[CoreEvent]
+        self, index: int, delta: dict[str, Any], content: Any, data: str | bytes,
+        out: list[CoreEvent]
     ) -> None:
         stream = self._stream
         key = self._content_key
@@ -237,7 +348,7 @@ class ChatChunkInterpreter:
                     continue
                 self._tool_call(index, call, data, out)
 
-    def _new_choice(self, index: int, data: str, out: list[CoreEvent]) -> bool:
+    def _new_choice(self, index: int, data: str | bytes, out: list[CoreEvent]) -> bool:
         if index < 0:
             self._skip(f"choice index {index} is negative", data, out)
             return False
@@ -248,7 +359,8 @@ class ChatChunkInterpreter:
         self._choices.add(index)
         return True
 
-    def _tool_call(self, index: int, call: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
+    def _tool_call(self, index: int, call: dict[str, Any], data: str | bytes,
+                   out: list[CoreEvent]) -> None:
         tool_index = call.get("index")
         if tool_index is not None and type(tool_index) is not int:
             self._skip(f"tool call index {_short(tool_index)} is not an integer", data, out)
@@ -282,10 +394,11 @@ class ChatChunkInterpreter:
                                  _str_or_none(call.get("type")), _str_or_none(name), arguments,
                                  self._stream, self._content_key))
 
-    def _skip(self, reason: str, data: str, out: list[CoreEvent]) -> None:
+    def _skip(self, reason: str, data: str | bytes, out: list[CoreEvent]) -> None:
+        text = data if isinstance(data, str) else data.decode("utf-8", "replace")
         if self.strict:
-            raise MalformedFrame(reason, data)
-        out.append(FrameSkipped(reason, data[:_EXCERPT], self._stream, self._content_key))
+            raise MalformedFrame(reason, text)
+        out.append(FrameSkipped(reason, text[:_EXCERPT], self._stream, self._content_key))
 
 
 #: Event types no chat chunk has, that only the other dialects' streams carry.
@@ -294,6 +407,12 @@ _ANTHROPIC_TYPES = frozenset(("message_start", "content_block_start", "content_b
 
 
 _IS_IT = "is this model's api \"%s\"?"
+
+
+def _unsafe(payload: bytes, secrets: tuple[bytes, ...]) -> bool:
+    """The redactor may have work in ``payload``: a secret's bytes, or a ``\\u00``
+    escape (a secret spelt with escapes) are in it."""
+    return b"\\u00" in payload or any(secret in payload for secret in secrets)
 
 
 def other_dialect(kind: str) -> tuple[str, str] | None:

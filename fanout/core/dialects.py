@@ -8,13 +8,16 @@ naming the known ones.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from .anthropic import AnthropicInterpreter, anthropic_body_events
 from .chat import MAX_TOOL_CALLS, ChatChunkInterpreter, completion_events
 from .events import CoreEvent
 from .redact import Redactor
 from .responses import ResponsesInterpreter, responses_body_events
+
+if TYPE_CHECKING:
+    from .accumulate import Accumulator
 
 __all__ = ["DIALECTS", "Interpreter", "body_events", "check_api", "make_interpreter",
            "terminal_event"]
@@ -43,6 +46,10 @@ class Interpreter(Protocol):
     def interpret_into(self, event: Any, out: list[CoreEvent]) -> None:
         """``event``: a ``ServerSentEvent``, a ``str`` (a ``message`` event's data) or,
         for the Responses and Anthropic dialects, a ``(data, name)`` pair."""
+
+    def interpret_all(self, events: Any, out: list[CoreEvent],
+                      fold: Accumulator | None = None) -> None:
+        """``interpret_into`` over ``events``; content may go straight into ``fold``."""
 
 
 def check_api(api: str) -> str:

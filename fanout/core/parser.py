@@ -61,6 +61,7 @@ class StreamParser:
         "_api",
         "_closed",
         "_decoder",
+        "_fold",
         "_interpret_all",
         "_interpreter",
         "_redactor",
@@ -106,7 +107,10 @@ class StreamParser:
             require_finish_reason=require_finish_reason, expect_choices=expect_choices,
             expect_usage=expect_usage, terminal=terminal,
         )
-        self._interpret_all = getattr(self._interpreter, "interpret_all", None)
+        self._interpret_all = self._interpreter.interpret_all
+        #: Set when no one reads ``feed``'s events (``parse_stream``): the
+        #: interpreter may then fold content into the accumulator unbuilt.
+        self._fold: Accumulator | None = None
         self._sse_events = 0
         self._stopped = False
         self._closed = False
@@ -149,7 +153,7 @@ class StreamParser:
             out = self._interpret(exc.events)
             out.append(self._stop(exc))
             return out
-        return self._interpret(sse_events)
+        return self._interpret(sse_events) if sse_events else []
 
     def close(self) -> list[CoreEvent]:
         """The body ended.  Returns the last events (none, by the SSE rules)."""
@@ -259,25 +263,20 @@ class StreamParser:
             ignored_events=getattr(self._interpreter, "ignored_events", 0),
         )
 
-    def _interpret(self, sse_events: Sequence[ServerSentEvent | str | tuple[str, str]]
+    def _interpret(self, sse_events: Sequence[ServerSentEvent | str | bytes | tuple[Any, str]]
                    ) -> list[CoreEvent]:
         out: list[CoreEvent] = []
         if not sse_events:
             return out
         self._sse_events += len(sse_events)
-        interpret_all = self._interpret_all
         try:
-            if interpret_all is not None:  # the Responses and Anthropic interpreters
-                interpret_all(sse_events, out)
-            else:
-                interpret_into = self._interpreter.interpret_into
-                for sse_event in sse_events:
-                    interpret_into(sse_event, out)
+            self._interpret_all(sse_events, out, self._fold)
         except MalformedFrame as exc:
             self._accumulator.extend(out)
             self._stop(exc)
             raise
-        self._accumulator.extend(out)
+        if out:
+            self._accumulator.extend(out)
         return out
 
     def _stop(self, exc: ProtocolError) -> ErrorReported:
@@ -329,6 +328,7 @@ def parse_stream(
         parser.fail_http(status, b"".join(chunks))
         return parser.result()
     parser.status = status
+    parser._fold = parser.accumulator  # no one reads the events: content is folded unbuilt
     for chunk in chunks:
         parser.feed(chunk)
     parser.close()

@@ -28,12 +28,15 @@ MIN_SECRET: Final = 4
 class Redactor:
     """Replaces each secret by ``***`` in strings, and in strings nested in JSON values."""
 
-    __slots__ = ("_secrets",)
+    __slots__ = ("_secrets", "encoded")
 
     def __init__(self, secrets: Iterable[str | None] = ()) -> None:
         kept = {s for s in secrets if s and len(s) >= MIN_SECRET}
         # Longest first: a secret that contains another is replaced whole.
         self._secrets = tuple(sorted(kept, key=len, reverse=True))
+        #: The secrets as UTF-8: a payload not yet decoded holds a secret exactly
+        #: when its bytes hold these (UTF-8 never matches inside a character).
+        self.encoded = tuple(secret.encode("utf-8", "surrogatepass") for secret in self._secrets)
 
     def __bool__(self) -> bool:
         return bool(self._secrets)

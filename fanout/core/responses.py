@@ -56,8 +56,10 @@ the details (cached and reasoning tokens).
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar, final
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, final
 
+from . import _json
 from ._dialect import (
     CallPart,
     DialectInterpreter,
@@ -83,6 +85,9 @@ from .events import (
 from .redact import Redactor
 from .result import StreamError, Usage
 from .sse import ServerSentEvent
+
+if TYPE_CHECKING:
+    from .accumulate import Accumulator
 
 __all__ = ["INCOMPLETE_REASONS", "ResponsesInterpreter", "responses_body_events",
            "responses_usage"]
@@ -163,9 +168,52 @@ class ResponsesInterpreter(DialectInterpreter):
             table[name] = _nothing
         return table
 
+    def interpret_all(self, events: Sequence[ServerSentEvent | str | bytes | tuple[Any, str]],
+                      out: list[CoreEvent], fold: Accumulator | None = None) -> None:
+        """``interpret_into`` for each event in order (the parser's hot path): a text
+        delta to a known message item, nearly every event, is read without a call."""
+        if self._redacting:
+            super().interpret_all(events, out, fold)
+            return
+        loads = _json.for_bytes(_json.loads)
+        handlers = self._handlers
+        by_id = self._by_id
+        stream, key = self._stream, self._content_key
+        for event in events:
+            if type(event) is tuple and not self.done and event[1] != "error" \
+                    and type(event[0]) is bytes:
+                data = event[0]
+                try:
+                    chunk = loads(data)
+                except (ValueError, RecursionError):
+                    chunk = None
+                if type(chunk) is dict:
+                    kind = chunk.get("type")
+                    if kind == "response.output_text.delta":
+                        text = chunk.get("delta")
+                        item_id = chunk.get("item_id")
+                        item = by_id.get(item_id) if type(item_id) is str else None
+                        if item is not None and not item.done and item.kind != "function_call":
+                            if text and type(text) is str:
+                                self._content = True
+                                if fold is None:
+                                    out.append(TextDelta(0, text, stream, key))
+                                else:  # no one reads the events: folded unbuilt, in order
+                                    if out:
+                                        fold.extend(out)
+                                        out.clear()
+                                    fold.texts(0).append(text)
+                                    fold.content_events += 1
+                            continue
+                    handler = handlers.get(kind) if type(kind) is str else None
+                    if handler is not None:
+                        handler(chunk, data, out)
+                        continue
+            self.interpret_into(event, out)
+
     # -- content ------------------------------------------------------------------------
 
-    def _text(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
+    def _text(self, chunk: dict[str, Any], data: str | bytes, out: list[CoreEvent]) -> None:
         text = chunk.get("delta")
         if not text or type(text) is not str:
             return
@@ -176,20 +224,20 @@ class ResponsesInterpreter(DialectInterpreter):
             self._content = True
             out.append(TextDelta(0, text, self._stream, self._content_key))
 
-    def _refusal(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
+    def _refusal(self, chunk: dict[str, Any], data: str | bytes, out: list[CoreEvent]) -> None:
         text = chunk.get("delta")
         if text and type(text) is str and self._content_item(chunk, "refusal.delta", data, out):
             self._content = True
             out.append(RefusalDelta(0, text, self._stream, self._content_key))
 
-    def _reasoning(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
+    def _reasoning(self, chunk: dict[str, Any], data: str | bytes, out: list[CoreEvent]) -> None:
         text = chunk.get("delta")
         if text and type(text) is str and self._content_item(chunk, "reasoning delta", data,
                                                               out):
             self._content = True
             out.append(ReasoningDelta(0, text, self._stream, self._content_key))
 
-    def _content_item(self, chunk: dict[str, Any], what: str, data: str,
+    def _content_item(self, chunk: dict[str, Any], what: str, data: str | bytes,
                       out: list[CoreEvent]) -> bool:
         """Whether a text-like delta may be kept: not for a done or function-call item."""
         item = self._find(chunk)
@@ -232,14 +280,14 @@ class ResponsesInterpreter(DialectInterpreter):
 
     # -- output items -------------------------------------------------------------------
 
-    def _item_added(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
+    def _item_added(self, chunk: dict[str, Any], data: str | bytes, out: list[CoreEvent]) -> None:
         item = chunk.get("item")
         if type(item) is not dict:
             self._skip("output_item.added without an item object", data, out)
             return
         self._open(chunk, item, data, out)
 
-    def _open(self, chunk: dict[str, Any], item: dict[str, Any], data: str,
+    def _open(self, chunk: dict[str, Any], item: dict[str, Any], data: str | bytes,
               out: list[CoreEvent]) -> _Item | None:
         kind = item.get("type")
         kind = kind if type(kind) is str else "unknown"
@@ -298,7 +346,7 @@ class ResponsesInterpreter(DialectInterpreter):
         return state
 
     def _continue(self, state: _Item, call: SplitCall, item: dict[str, Any], arguments: str,
-                  data: str, out: list[CoreEvent]) -> None:
+                  data: str | bytes, out: list[CoreEvent]) -> None:
         """A ``function_call`` item naming the ``call_id`` of an earlier call (under another
         item id) continues that call, as a repeated ``tool_use`` id does on
         ``/v1/messages``: no second call, its fragments go on the first call's
@@ -319,7 +367,7 @@ class ResponsesInterpreter(DialectInterpreter):
             state.arguments.append(arguments)
             call.add(state.part, arguments, out)
 
-    def _item_done(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
+    def _item_done(self, chunk: dict[str, Any], data: str | bytes, out: list[CoreEvent]) -> None:
         item = chunk.get("item")
         if type(item) is not dict:
             self._skip("output_item.done without an item object", data, out)
@@ -349,7 +397,7 @@ class ResponsesInterpreter(DialectInterpreter):
         if state.call is not None and state.part is not None:
             self.ignored_events += state.call.stop(state.part, out)
 
-    def _arguments(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
+    def _arguments(self, chunk: dict[str, Any], data: str | bytes, out: list[CoreEvent]) -> None:
         fragment = chunk.get("delta")
         item_id = chunk.get("item_id")
         state = self._by_id.get(item_id) if type(item_id) is str else None
@@ -362,13 +410,14 @@ class ResponsesInterpreter(DialectInterpreter):
             state.arguments.append(fragment)
             state.call.add(state.part, fragment, out)
 
-    def _arguments_done(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
+    def _arguments_done(self, chunk: dict[str, Any], data: str | bytes,
+                        out: list[CoreEvent]) -> None:
         state = self._call(chunk, "function_call_arguments.done", data, out)
         if state is not None:
             self._whole_arguments(state, chunk.get("arguments"), "function_call_arguments.done",
                                   data, out)
 
-    def _call(self, chunk: dict[str, Any], what: str, data: str,
+    def _call(self, chunk: dict[str, Any], what: str, data: str | bytes,
               out: list[CoreEvent]) -> _Item | None:
         state = self._find_call(chunk)
         where = _short(chunk.get("item_id") or chunk.get("output_index"))
@@ -383,7 +432,7 @@ class ResponsesInterpreter(DialectInterpreter):
             return None
         return state
 
-    def _whole_arguments(self, state: _Item, value: Any, what: str, data: str,
+    def _whole_arguments(self, state: _Item, value: Any, what: str, data: str | bytes,
                          out: list[CoreEvent]) -> None:
         whole = _arguments_text(value)
         state.final = True
@@ -398,18 +447,18 @@ class ResponsesInterpreter(DialectInterpreter):
 
     # -- the response -------------------------------------------------------------------
 
-    def _created(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
+    def _created(self, chunk: dict[str, Any], data: str | bytes, out: list[CoreEvent]) -> None:
         response = chunk.get("response")
         if type(response) is dict:
             self._info(response.get("id"), response.get("model"), out)
 
-    def _completed(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
+    def _completed(self, chunk: dict[str, Any], data: str | bytes, out: list[CoreEvent]) -> None:
         self._terminal(chunk, data, True, out)
 
-    def _incomplete(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
+    def _incomplete(self, chunk: dict[str, Any], data: str | bytes, out: list[CoreEvent]) -> None:
         self._terminal(chunk, data, False, out)
 
-    def _terminal(self, chunk: dict[str, Any], data: str, completed: bool,
+    def _terminal(self, chunk: dict[str, Any], data: str | bytes, completed: bool,
                   out: list[CoreEvent]) -> None:
         """A terminal event's ``response.status`` outranks its type: a relay that bridges
         another API may close a failed or cut response with ``response.completed``."""
@@ -496,7 +545,7 @@ class ResponsesInterpreter(DialectInterpreter):
         return not any(call.name == name and "".join(call.arguments) == arguments
                        for call in self._calls)
 
-    def _failed(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
+    def _failed(self, chunk: dict[str, Any], data: str | bytes, out: list[CoreEvent]) -> None:
         response = chunk.get("response")
         if type(response) is not dict:
             response = {}
@@ -509,7 +558,7 @@ class ResponsesInterpreter(DialectInterpreter):
                                                  "response.failed"),
                                      self._stream, self._content_key))
 
-    def _error_event(self, chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
+    def _error_event(self, chunk: dict[str, Any], data: str | bytes, out: list[CoreEvent]) -> None:
         self._report_error(chunk, out)
 
     def _error(self, payload: Any) -> StreamError:
@@ -529,7 +578,7 @@ def _short_type(chunk: dict[str, Any]) -> str:
     return kind[:60] if type(kind) is str else "the terminal event"
 
 
-def _nothing(chunk: dict[str, Any], data: str, out: list[CoreEvent]) -> None:
+def _nothing(chunk: dict[str, Any], data: str | bytes, out: list[CoreEvent]) -> None:
     return None
 
 

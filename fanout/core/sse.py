@@ -14,7 +14,7 @@ split across the first reads (stripped once, never later).
 from __future__ import annotations
 
 import codecs
-from typing import Final, final
+from typing import Any, Final, final
 
 import attrs
 
@@ -58,6 +58,7 @@ class SSEDecoder:
     __slots__ = (
         "_after_cr",
         "_bom_done",
+        "_clean",
         "_closed",
         "_data",
         "_data_size",
@@ -68,6 +69,8 @@ class SSEDecoder:
         "_pairs",
         "_pending",
         "_pending_size",
+        "_raw",
+        "_raw_size",
         "_retry_in_block",
         "bytes_fed",
         "comments",
@@ -96,6 +99,10 @@ class SSEDecoder:
         self._field_seen = False  # any field line since the last blank line
         self._failed: EventTooLarge | None = None
         self._closed = False
+        #: Between events, nothing held: the next read may take the byte path.
+        self._clean = False  # set once the BOM question is settled
+        self._raw: list[bytes] = []  # the byte path's unfinished event (no CR in it)
+        self._raw_size = 0
         self.comments = 0
         self.bytes_fed = 0
         self.last_event_id = ""
@@ -112,17 +119,157 @@ class SSEDecoder:
         items = self._feed_items(data)
         return _events(items) if items else []
 
-    def _feed_items(self, data: bytes) -> list[ServerSentEvent | str | tuple[str, str]]:
-        """``feed()`` for StreamParser: a plain ``str`` stands for
-        ``ServerSentEvent(that, "message", "", None)``, which saves building an
-        object per chunk on the hot path; with ``_pairs`` set, ``(data, name)``
-        stands for ``ServerSentEvent(data, name, "", None)``."""
+    def _feed_items(self, data: bytes) -> list[ServerSentEvent | str | bytes | tuple[Any, str]]:
+        """``feed()`` for StreamParser, with shortcuts that save building an object
+        per event on the hot path: ``bytes`` stands for
+        ``ServerSentEvent(that.decode("utf-8", "replace"))`` (the byte path's
+        data, not yet decoded: valid UTF-8 goes straight to the JSON parser), a
+        ``str`` for ``ServerSentEvent(that)``; with ``_pairs`` set, ``(data, name)``
+        (``data`` either) for ``ServerSentEvent(data, name)``."""
         if self._failed is not None:
             raise EventTooLarge(self._failed.size, self._failed.limit)
         if self._closed:
             raise RuntimeError("SSEDecoder.feed() called after close()")
+        if not data:
+            return []
         self.bytes_fed += len(data)
-        return self._feed_text(self._decoder.decode(data))
+        # (On bytes, `13 in data` is a memchr; `b"\r" in data` first tries the
+        # operand as an integer and clears a TypeError: several times slower.)
+        if self._clean and not self._raw:
+            if 13 in data and data[-1] != 13:  # CRLF line ends (a CR last may pair later)
+                data = data.replace(b"\r\n", b"\n")
+            if 13 not in data:
+                # The commonest read: one whole event, `data: ...` (or `event: NAME`
+                # then `data: ...`), a blank line, nothing else.
+                end = len(data) - 2
+                first = data.find(10)
+                if first == end:
+                    if data[end + 1] == 10 and data[:6] == b"data: " \
+                            and end <= self.max_event_size:
+                        return [data[6:end]]
+                elif data[:6] == b"data: ":  # several `data: ` lines, joined with LF
+                    if data[end] == 10 and data[end + 1] == 10 and end <= self.max_event_size:
+                        value = data[6:end]
+                        joined = value.replace(b"\ndata: ", b"\n")
+                        if len(value) - len(joined) == 6 * value.count(10):
+                            return [joined]
+                elif self._pairs and data[:7] == b"event: " \
+                        and data.find(10, first + 1) == end and data[end + 1] == 10 \
+                        and data[first + 1 : first + 7] == b"data: " \
+                        and end <= self.max_event_size:
+                    head = data[:first]
+                    name = _NAMES.get(head)
+                    return [(data[first + 7 : end],
+                             name if name is not None else _name(head))]
+        items: list[ServerSentEvent | str | bytes | tuple[Any, str]] = []
+        try:
+            self._feed_bytes(data, items)
+        except EventTooLarge as exc:  # the events this call completed come first
+            exc.events[:0] = _events(items)
+            raise
+        return items
+
+    def _feed_bytes(self, data: bytes,
+                    items: list[ServerSentEvent | str | bytes | tuple[Any, str]]) -> None:
+        if 13 in data:  # CR
+            if self._after_cr or data[-1] == 13:  # a CRLF may be split: the text path
+                self._slow(data, items)
+                return
+            data = data.replace(b"\r\n", b"\n")
+            if 13 in data:  # a lone CR ends a line too: the text path
+                self._slow(data, items)
+                return
+        if self._clean:
+            raw = self._raw
+            if raw:
+                if 10 not in data:  # (a memchr: a two-byte search costs a loop per byte)
+                    self._hold(data, items)
+                    return
+                raw.append(data)
+                data = b"".join(raw)
+                raw.clear()
+                self._raw_size = 0
+            self._fast(data, items)
+            return
+        # Something is held: the text path to the first blank line, then the byte path.
+        end = data.find(b"\n\n") + 2
+        if end < 2:
+            self._slow(data, items)
+            return
+        self._slow(data[:end], items)
+        if end < len(data):
+            self._rest(data[end:], items)
+
+    def _rest(self, data: bytes,
+              items: list[ServerSentEvent | str | bytes | tuple[Any, str]]) -> None:
+        if self._clean:  # the text path ended at a blank line with nothing held
+            self._fast(data, items)
+        else:
+            self._slow(data, items)
+
+    def _fast(self, data: bytes,
+              items: list[ServerSentEvent | str | bytes | tuple[Any, str]]) -> None:
+        """The byte path: ``data`` starts at an event, no CR in it, nothing held.
+
+        Whole events of one ``data: `` line (or several), ``event: NAME`` then
+        one ``data: `` line (for ``_pairs``) and comment lines are read without
+        decoding; any other block goes through the text path, whole.
+        """
+        blocks = data.split(b"\n\n")
+        rest = blocks.pop()
+        limit = self.max_event_size
+        pairs = self._pairs
+        append = items.append
+        for at, block in enumerate(blocks):
+            if len(block) <= limit:  # bytes: at least as many as characters
+                if block[:6] == b"data: ":
+                    if 10 not in block:
+                        append(block[6:])
+                        continue
+                    if block.count(b"\n") == block.count(b"\ndata: "):
+                        append(block[6:].replace(b"\ndata: ", b"\n"))
+                        continue
+                elif block[:7] == b"event: ":
+                    head, sep, value = block.partition(b"\ndata: ")
+                    if pairs and sep and 10 not in value and 10 not in head:
+                        name = _NAMES.get(head)
+                        append((value, name if name is not None else _name(head)))
+                        continue
+                elif block[:1] == b":" and 10 not in block:
+                    self.comments += 1
+                    continue
+                elif not block:
+                    continue
+            # Any other block: the text path, whole (the standard's rules, the size limit).
+            self._slow(block + b"\n\n", items)
+            if not self._clean:  # an id: events carry it from now on
+                tail = b"".join(b + b"\n\n" for b in blocks[at + 1 :]) + rest
+                if tail:
+                    self._slow(tail, items)
+                return
+        if rest:
+            self._hold(rest, items)
+
+    def _hold(self, data: bytes,
+              items: list[ServerSentEvent | str | bytes | tuple[Any, str]]) -> None:
+        """Keep the start of an event as bytes (the byte path's pending text)."""
+        self._raw.append(data)
+        self._raw_size += len(data)
+        if self._raw_size > self.max_event_size:  # maybe past the limit: the text path counts
+            self._slow(b"", items)
+
+    def _slow(self, data: bytes,
+              items: list[ServerSentEvent | str | bytes | tuple[Any, str]]) -> None:
+        """The text path: decode, then the standard's rules line by line."""
+        if self._raw:
+            self._raw.append(data)
+            data = b"".join(self._raw)
+            self._raw.clear()
+            self._raw_size = 0
+        items += self._feed_text(self._decoder.decode(data))
+        self._clean = (not self._pending and not self._field_seen and not self._after_cr
+                       and self._bom_done and not self.last_event_id
+                       and not self._decoder.getstate()[0])
 
     def close(self) -> list[ServerSentEvent]:
         """End the input.  Returns the events it completed (always none, by the spec).
@@ -136,7 +283,9 @@ class SSEDecoder:
             return []
         if self._closed:
             return []
-        events = _events(self._feed_text(self._decoder.decode(b"", True)))
+        raw = b"".join(self._raw)
+        self._raw.clear()
+        events = _events(self._feed_text(self._decoder.decode(raw, True)))
         self._closed = True
         pending = "".join(self._pending)
         self.unterminated = bool(
@@ -146,7 +295,7 @@ class SSEDecoder:
         self._data.clear()
         return events
 
-    def _feed_text(self, text: str) -> list[ServerSentEvent | str | tuple[str, str]]:
+    def _feed_text(self, text: str) -> list[ServerSentEvent | str | bytes | tuple[Any, str]]:
         if not text:
             return []
         if not self._bom_done:
@@ -173,13 +322,14 @@ class SSEDecoder:
             self._pending.append(text)
             text = "".join(self._pending)
             self._pending.clear()
+        self._pending_size = 0  # the held text is in `text` now: counted once, as data
         # Split on blank lines first: every piece but the last is a whole block
         # of lines that ends in a dispatch.  A block that is one `data: ` line
         # (nearly every chat chunk) becomes an event without the line loop.
         blocks = text.split("\n\n")
         tail = blocks.pop().split("\n")  # complete lines, then the partial one
         rest = tail.pop()
-        events: list[ServerSentEvent | str | tuple[str, str]] = []
+        events: list[ServerSentEvent | str | bytes | tuple[Any, str]] = []
         limit = self.max_event_size
         plain = not self.last_event_id  # a bare str carries no id
         pairs = self._pairs
@@ -217,7 +367,7 @@ class SSEDecoder:
         self._check_size(events)
         return events
 
-    def _check_size(self, events: list[ServerSentEvent | str | tuple[str, str]]) -> None:
+    def _check_size(self, events: list[ServerSentEvent | str | bytes | tuple[Any, str]]) -> None:
         size = self._data_size + self._pending_size
         if size > self.max_event_size:
             self._failed = EventTooLarge(size, self.max_event_size, _events(events))
@@ -227,7 +377,7 @@ class SSEDecoder:
             raise self._failed
 
     def _process(self, lines: list[str],
-                 events: list[ServerSentEvent | str | tuple[str, str]]) -> None:
+                 events: list[ServerSentEvent | str | bytes | tuple[Any, str]]) -> None:
         """The general path: each line as the spec says; a blank line dispatches."""
         data = self._data
         for line in lines:
@@ -276,8 +426,27 @@ class SSEDecoder:
             # Any other field name is ignored, as the spec says.
 
 
-def _events(items: list[ServerSentEvent | str | tuple[str, str]]) -> list[ServerSentEvent]:
+def _events(items: list[ServerSentEvent | str | bytes | tuple[Any, str]]
+            ) -> list[ServerSentEvent]:
     return [item if type(item) is ServerSentEvent
             else ServerSentEvent(item) if type(item) is str
-            else ServerSentEvent(*item)  # type: ignore[misc]
+            else ServerSentEvent(item.decode("utf-8", "replace")) if type(item) is bytes
+            else _pair(item)  # type: ignore[arg-type]
             for item in items]
+
+
+def _pair(item: tuple[str | bytes, str]) -> ServerSentEvent:
+    data, name = item
+    return ServerSentEvent(data if isinstance(data, str) else data.decode("utf-8", "replace"),
+                           name)
+
+
+#: Event names as the byte path meets them (``event: NAME`` lines), decoded once.
+_NAMES: dict[bytes, str] = {}
+
+
+def _name(head: bytes) -> str:
+    name = head[7:].decode("utf-8", "replace") or "message"
+    if len(_NAMES) < 256:
+        _NAMES[head] = name
+    return name
