@@ -170,7 +170,11 @@ def render(report: MergeReport) -> tuple[list[str], list[str]]:
               f"{len(report.conflicts)}, torn tails cut {len(report.torn)}; shards present "
               f"{shards}")
     code = report.exit_code
-    if code == EXIT_COMPLETE:
+    unchecked = not report.keys_checked and report.fingerprint_matches is None
+    if code == EXIT_COMPLETE and unchecked:
+        verdict = ("every merged unit is done; whether any is missing could not be checked "
+                   "(the records name no plan: give --prompts and --config) (exit 0)")
+    elif code == EXIT_COMPLETE:
         verdict = "complete: every planned unit is there and done (exit 0)"
     elif code == EXIT_FAILED:
         verdict = (f"finished, but {_plural(len(report.failed_keys), 'unit')} failed in ways "
