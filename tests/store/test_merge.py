@@ -311,3 +311,23 @@ def test_stamped_fields_name_the_shard_that_owns_each_key(tmp_path: Path, prompt
             assert record["shard"] == f"{index}/3" and shard_of(key, 3) == index
     stamp(shards / "results-0.jsonl", plan_of(prompts, config, (), 1, 3)[0], 3)
     assert os.path.getsize(shards / "results-0.jsonl") > 0
+
+
+def test_report_says_whether_a_file_is_complete_for_its_plan(tmp_path: Path, prompts: str,
+                                                             config: str) -> None:
+    def said(path: Path) -> list[str]:
+        err = io.StringIO()
+        assert fanout_report(str(path), as_json=False, stdout=io.StringIO(), stderr=err) == 0
+        return [line for line in err.getvalue().splitlines() if "plan" in line]
+
+    shards = sharded_run(tmp_path, 3, prompts, config)
+    plan = plan_of(prompts, config, (), 1, 3)[0]
+    [line] = said(shards / "results-1.jsonl")  # one shard of three
+    assert f"not complete for its plan {plan} (3 shards)" in line
+    assert "(records of shards 1 of 3)" in line
+    assert merge([shards], tmp_path / "all.jsonl").exit_code == 0
+    [line] = said(tmp_path / "all.jsonl")
+    assert line.endswith(f"complete for its plan {plan} (3 shards): all 16 units are there "
+                         "and done")
+    old = sharded_run(tmp_path, 1, prompts, config, fields=False, folder="old")
+    assert said(old / "results-0.jsonl") == []  # no plan in the records: nothing to tell
