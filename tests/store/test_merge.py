@@ -252,6 +252,10 @@ def test_a_shell_glob_that_takes_the_scores_files_too_merges_them_as_scores(
     report = merge(files, tmp_path / "m.jsonl")
     assert report.exit_code == 0 and report.records == 16 and report.scores == 16
     assert not report.scores_duplicates  # each scores file read once
+    twice = merge([shards, shards / "results-0.jsonl", shards / ".." / "shards"],
+                  tmp_path / "m2.jsonl")  # one file named three ways: read once
+    assert twice.inputs == [str(shards / "results-0.jsonl"), str(shards / "results-1.jsonl")]
+    assert not twice.duplicates and not twice.scores_duplicates and twice.scores == 16
 
 
 def test_the_output_is_written_safely(tmp_path: Path, prompts: str, config: str) -> None:
