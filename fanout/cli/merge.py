@@ -114,15 +114,15 @@ def render(report: MergeReport) -> tuple[list[str], list[str]]:
                      f"fields (an older fanout wrote them): {', '.join(report.old_files)}: "
                      "their units are merged and checked, not their shards")
     if not report.keys_checked:
-        line = ("the plan's units were not checked: give --prompts and --config to name "
-                "every missing one")
         if report.fingerprint_matches:
-            line += ("; the merged units give the plan's fingerprint: every unit of the plan "
-                     "is there")
+            notes.append("the merged units give the plan's fingerprint: every unit of the plan "
+                         "is there (--prompts and --config check them against the prompts)")
         elif report.fingerprint_matches is False:
-            line += ("; the merged units do not give the plan's fingerprint: some are "
-                     "missing (or of another plan)")
-        notes.append(line)
+            notes.append("the merged units do not give the plan's fingerprint: some are missing "
+                         "(or of another plan); give --prompts and --config to name them")
+        else:
+            notes.append("the plan's units were not checked (the records name no plan): give "
+                         "--prompts and --config to name every missing one")
     if report.not_in_plan:
         notes.append(f"{_plural(report.not_in_plan, 'unit')} not in the plan (other prompts, "
                      "models or samples): left out")
@@ -162,7 +162,8 @@ def render(report: MergeReport) -> tuple[list[str], list[str]]:
     if report.scores_output is not None:
         wrote += f" and {report.scores_output} ({_plural(report.scores, 'score')})"
     planned = "?" if report.planned is None else str(report.planned)
-    missing = str(len(report.missing_keys)) if report.keys_checked else "?"
+    missing = (str(len(report.missing_keys)) if report.keys_checked
+               else "0" if report.fingerprint_matches else "?")
     shards = (f"{len(report.present_shards)} of {report.shards}" if report.shards is not None
               else "?")
     counts = (f"units planned {planned}, present {report.present}, missing {missing}, failed "

@@ -575,6 +575,8 @@ def _check(merged: dict[str, _Slot], results: list[_Input], report: MergeReport,
     else:
         report.fingerprint_matches = plan_fingerprint(
             [(key, slot.content_key) for key, slot in merged.items()], shards) == report.plan
+        if report.fingerprint_matches:
+            report.planned = len(merged)
         expected = set() if report.fingerprint_matches else set(range(shards))
     report.missing_shards = sorted(expected - present)
 
