@@ -41,25 +41,35 @@ units unfinished, a torn tail, a shard still running).  Bad input raises
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import hashlib
 import os
-import stat
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from pathlib import Path
-from typing import IO
 
 import attrs
 import orjson
 
 from .._exceptions import ConfigError
-from ..files import create_new, identity, kind_of, remove_if_same, temporary_name
 from . import _moved
-from ._moved import Unreadable, answer_key, record_problem, scan, score_problem, state_of
+from ._merge_files import (
+    RESULTS_LINE,
+    Input,
+    Slot,
+    Torn,
+    check_output,
+    find_inputs,
+    open_input,
+    read_line,
+    read_results,
+    refuse_unreadable,
+    same_file,
+    scores_problem,
+    stat_of,
+    write,
+)
+from ._moved import Unreadable, scan
 from ._moved import work_key as _work_key
-from .plan_check import plan_fingerprint, record_plan, record_shard
+from .plan_check import plan_fingerprint
 
 __all__ = ["EXIT_COMPLETE", "EXIT_FAILED", "EXIT_UNFINISHED", "Conflict", "ForeignShard",
            "MergeReport", "Torn", "merge"]
@@ -74,8 +84,6 @@ EXIT_UNFINISHED = 75
 FINAL_STATUSES = frozenset(range(400, 500)) - {408, 409, 429}
 #: States ranked for a conflict: the first is kept.
 _RANK = ("completed", "empty", "truncated", "timed_out", "error", "cancelled")
-_SCORE_LINE = "a score record"
-_RESULTS_LINE = "a results record"
 
 
 @attrs.frozen
@@ -96,15 +104,6 @@ class ForeignShard:
     path: str
     shard: str | None  # "I/N" as its last record names it
     plan: str | None
-
-
-@attrs.frozen
-class Torn:
-    """A torn last line (a crash mid-write), left out of the merge."""
-
-    path: str
-    line: int
-    size: int  # bytes
 
 
 @attrs.define
@@ -159,201 +158,6 @@ class MergeReport:
         return EXIT_FAILED if self.failed_keys else EXIT_COMPLETE
 
 
-# ------------------------------------------------------------------------ reading
-
-
-@attrs.define
-class _Slot:
-    """The latest record of one key in one file: where its line is, and what the
-    merge compares."""
-
-    file: int
-    offset: int
-    size: int
-    content_key: str
-    answer: str
-    state: str
-    status: int | None
-    model: str
-    finished: str
-    plan: str | None
-    shard: tuple[int, int] | None
-
-
-@attrs.define
-class _Input:
-    path: str
-    file: IO[bytes] | None = None
-    pair: int | None = None  # scores: the results input beside it
-    latest: dict[str, _Slot] = attrs.Factory(dict)
-    last_plan: str | None = None  # the plan and shard of its last record
-    last_shard: tuple[int, int] | None = None
-    has_fields: bool = False
-    included: bool = True
-
-
-def _results_problem(value: object) -> str | None:
-    problem = record_problem(value)
-    if problem is not None and score_problem(value) is None:
-        return _SCORE_LINE
-    return problem
-
-
-def _scores_problem(value: object) -> str | None:
-    problem = score_problem(value)
-    if problem is not None and record_problem(value) is None:
-        return _RESULTS_LINE
-    return problem
-
-
-def _open_input(path: str) -> IO[bytes]:
-    """``path`` open for reading (a link followed: inputs are only read), refused
-    unless a regular file; a pipe never blocks the open."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file or directory") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        mode = os.fstat(fd)
-        if not stat.S_ISREG(mode.st_mode):
-            raise ConfigError(f"{path}: not a regular file ({kind_of(path, mode)})")
-        os.set_blocking(fd, True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return open(fd, "rb")  # held open until the merge is written
-
-
-def _locked_by_a_run(file: IO[bytes]) -> bool:
-    """Take a shared lock (held while the merge reads): ``True`` when a ``fanout
-    batch`` holds the file (it is being written)."""
-    try:
-        fcntl.flock(file.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False  # a file system without locks: nothing to tell
-    return False
-
-
-def _refuse_unreadable(path: str, unreadable: Unreadable, records: int, kind: str,
-                       other: str, wrong: int) -> None:
-    total = records + unreadable.total
-    if wrong and wrong == unreadable.total:
-        hint = ("its scores are merged from beside its results file (RESULTS.scores.jsonl)"
-                if kind == "results" else "name it as a results file")
-        raise ConfigError(f"{path}: is a fanout {other} file ({wrong} of its {total} lines are "
-                          f"{other} records), not a {kind} file: {hint}; nothing was written")
-    raise ConfigError(f"{path}: not a fanout {kind} file: {unreadable.total} of its {total} "
-                      f"lines are not {kind} records ({unreadable.describe()[0]}); nothing "
-                      "was written")
-
-
-def _read_results(index: int, source: _Input, report: MergeReport) -> None:
-    assert source.file is not None
-    if _locked_by_a_run(source.file):
-        report.in_use.append(source.path)
-    unreadable, records, scores_like, offset = Unreadable(), 0, 0, 0
-    for line in scan(source.file, _results_problem):
-        if line.record is not None:
-            record = line.record
-            records += 1
-            key = _work_key(record["id"], record["model"], record["sample"])
-            status = record.get("status")
-            plan, shard = record_plan(record), record_shard(record)
-            source.latest.pop(key, None)
-            source.latest[key] = _Slot(
-                index, offset, line.size, record["content_key"], answer_key(record),
-                state_of(record),
-                status if isinstance(status, int) and not isinstance(status, bool) else None,
-                record["model"], str(record.get("finished_at") or ""), plan, shard)
-            source.last_plan, source.last_shard = plan, shard
-            source.has_fields = source.has_fields or plan is not None
-        elif line.torn:
-            report.torn.append(Torn(source.path, line.number, line.size))
-        elif line.kind is not None:
-            unreadable.add(line)
-            scores_like += line.problem == _SCORE_LINE
-        offset += line.size
-    if unreadable:
-        _refuse_unreadable(source.path, unreadable, records, "results", "scores", scores_like)
-
-
-# ------------------------------------------------------------------------ the inputs
-
-
-def _same_file(one: os.stat_result, other: os.stat_result) -> bool:
-    return (one.st_dev, one.st_ino) == (other.st_dev, other.st_ino)
-
-
-def _stat(path: str) -> os.stat_result | None:
-    try:
-        return os.stat(path)
-    except OSError:
-        return None
-
-
-def _inputs(paths: Sequence[str | os.PathLike[str]], outputs: Sequence[str]
-            ) -> tuple[list[_Input], list[_Input]]:
-    """The results and scores inputs of ``paths`` (files; directories: their
-    ``*.jsonl``, hidden ones and the outputs aside), each once, each scores file
-    with the results file it is beside."""
-    if not paths:
-        raise ConfigError("no input: name the shard files or their directory")
-    taken: list[tuple[str, os.stat_result]] = []
-    out_stats = [(name, mode) for name in outputs if (mode := _stat(name)) is not None]
-    results: list[_Input] = []
-    scores: list[_Input] = []
-
-    def take(path: str, *, listed: bool) -> bool:
-        mode = _stat(path)
-        if mode is None:
-            return False
-        for name, out in out_stats:
-            if _same_file(mode, out):
-                if listed:
-                    return False  # the output of an earlier merge into this directory
-                raise ConfigError(f"{path}: is the output {name}; name another -o")
-        if any(_same_file(mode, seen) for _, seen in taken):
-            return False
-        taken.append((path, mode))
-        return True
-
-    names_given = [os.fspath(path) for path in paths]
-    for given in names_given:
-        if os.path.isdir(given):
-            names = sorted(name for name in os.listdir(given)
-                           if name.endswith(".jsonl") and not name.startswith("."))
-            found = [os.path.join(given, name) for name in names]
-            if all(path.endswith(".scores.jsonl") for path in found):
-                raise ConfigError(f"{given}: no results file in it (*.jsonl)")
-            kept = [path for path in found if take(path, listed=True)]
-            for path in kept:
-                (scores if path.endswith(".scores.jsonl") else results).append(_Input(path))
-            continue
-        if not os.path.lexists(given):
-            raise ConfigError(f"{given}: no such file or directory")
-        if not take(given, listed=False):
-            continue
-        (scores if given.endswith(".scores.jsonl") else results).append(_Input(given))
-    for index, source in enumerate(results):  # each results file's scores beside it
-        beside = os.fspath(_moved.scores_path(source.path))
-        mode = _stat(beside)
-        match = next((s for s in scores if (m := _stat(s.path)) is not None and mode is not None
-                      and _same_file(m, mode)), None)
-        if match is None and mode is not None and take(beside, listed=True):
-            match = _Input(beside)
-            scores.append(match)
-        if match is not None:
-            match.pair = index
-    if not results:
-        raise ConfigError(f"{', '.join(names_given)}: no results file among them "
-                          "(a *.scores.jsonl is merged with its results file)")
-    return results, scores
-
-
 # ------------------------------------------------------------------------ the plan
 
 
@@ -401,10 +205,10 @@ def _load_plan(prompts: str, config: str | None, models: Sequence[str],
 # ------------------------------------------------------------------------ merging
 
 
-def _better(one: _Slot, other: _Slot, planned: str | None) -> bool:
+def _better(one: Slot, other: Slot, planned: str | None) -> bool:
     """Whether ``one`` is to be kept over ``other`` (a later input over an earlier one
     when all else is equal)."""
-    def rank(slot: _Slot) -> tuple[bool, int, str]:
+    def rank(slot: Slot) -> tuple[bool, int, str]:
         state = _RANK.index(slot.state) if slot.state in _RANK else len(_RANK)
         return slot.content_key == planned, -state, slot.finished
     return rank(one) >= rank(other)
@@ -425,32 +229,32 @@ def merge(inputs: Sequence[str | os.PathLike[str]], output: str | os.PathLike[st
     if config is not None and prompts is None:
         raise ConfigError("--config: the plan needs the prompts too: give --prompts")
     for target in (output, scores_output):
-        _check_output(target)
-    results, scores = _inputs(inputs, [output, scores_output])
+        check_output(target)
+    results, scores = find_inputs(inputs, [output, scores_output])
     for target in (output, scores_output):
         for name in (prompts, config):
-            if name is not None and (one := _stat(target)) and (two := _stat(os.fspath(name))) \
-                    and _same_file(one, two):
+            if name is not None and (one := stat_of(target)) and (two := stat_of(os.fspath(name))) \
+                    and same_file(one, two):
                 raise ConfigError(f"{target}: is {os.fspath(name)}; name another -o")
     report = MergeReport(output, inputs=[s.path for s in results],
                          scores_inputs=[s.path for s in scores])
     with contextlib.ExitStack() as stack:
         for source in (*results, *scores):
-            source.file = stack.enter_context(_open_input(source.path))
+            source.file = stack.enter_context(open_input(source.path))
         for index, source in enumerate(results):
-            _read_results(index, source, report)
+            read_results(index, source, report.torn, report.in_use)
         plan = _choose_plan(results, report, prompts, config, models, samples)
         merged = _merge_keys(results, report, plan)
         _check(merged, results, report, plan, accept_empty)
-        _write(output, _lines(merged, results))
+        write(output, _lines(merged, results))
         report.records = len(merged)
         if scores or os.path.lexists(scores_output):
-            _write(scores_output, _score_lines(scores, results, merged, report))
+            write(scores_output, _score_lines(scores, results, merged, report))
             report.scores_output = scores_output
     return report
 
 
-def _choose_plan(results: list[_Input], report: MergeReport,
+def _choose_plan(results: list[Input], report: MergeReport,
                  prompts: str | os.PathLike[str] | None,
                  config: str | os.PathLike[str] | None, models: Sequence[str],
                  samples: int | None) -> _Plan | None:
@@ -496,15 +300,15 @@ def _sample(key: str) -> int:
     return sample if isinstance(sample, int) else 0
 
 
-def _merge_keys(results: list[_Input], report: MergeReport, plan: _Plan | None
-                ) -> dict[str, _Slot]:
+def _merge_keys(results: list[Input], report: MergeReport, plan: _Plan | None
+                ) -> dict[str, Slot]:
     """key -> the record kept of it."""
-    candidates: dict[str, list[_Slot]] = {}
+    candidates: dict[str, list[Slot]] = {}
     for source in results:
         if source.included:
             for key, slot in source.latest.items():
                 candidates.setdefault(key, []).append(slot)
-    merged: dict[str, _Slot] = {}
+    merged: dict[str, Slot] = {}
     for key, slots in candidates.items():
         planned = None
         if plan is not None:
@@ -528,10 +332,10 @@ def _merge_keys(results: list[_Input], report: MergeReport, plan: _Plan | None
     return merged
 
 
-def _check(merged: dict[str, _Slot], results: list[_Input], report: MergeReport,
+def _check(merged: dict[str, Slot], results: list[Input], report: MergeReport,
            plan: _Plan | None, accept_empty: bool) -> None:
     done_states = {"completed", "empty"} if accept_empty else {"completed"}
-    checked: list[tuple[str, _Slot]] = []
+    checked: list[tuple[str, Slot]] = []
     if plan is not None:
         for key, (content, _) in plan.units.items():
             slot = merged.get(key)
@@ -548,7 +352,7 @@ def _check(merged: dict[str, _Slot], results: list[_Input], report: MergeReport,
     report.not_done = dict(Counter(slot.state for _, slot in not_done))
     # A model whose every unit (2 or more) is not done, all the same way: a rerun sends
     # the same requests to the same model.
-    by_model: dict[str, list[_Slot]] = {}
+    by_model: dict[str, list[Slot]] = {}
     for _, slot in checked:
         by_model.setdefault(slot.model, []).append(slot)
     for model, slots in by_model.items():
@@ -584,26 +388,19 @@ def _check(merged: dict[str, _Slot], results: list[_Input], report: MergeReport,
 # ------------------------------------------------------------------------ writing
 
 
-def _line(file: IO[bytes], offset: int, size: int) -> bytes:
-    data = os.pread(file.fileno(), size, offset)
-    if len(data) != size:
-        raise OSError(errno.EIO, "the file changed while it was merged", file.name)
-    return data if data.endswith(b"\n") else data + b"\n"
-
-
-def _lines(merged: dict[str, _Slot], results: list[_Input]) -> Iterator[bytes]:
+def _lines(merged: dict[str, Slot], results: list[Input]) -> Iterator[bytes]:
     """The kept records, file by file in input order, each in its file's order."""
-    by_file: dict[int, list[_Slot]] = {}
+    by_file: dict[int, list[Slot]] = {}
     for slot in merged.values():
         by_file.setdefault(slot.file, []).append(slot)
     for index in sorted(by_file):
         file = results[index].file
         assert file is not None
         for slot in sorted(by_file[index], key=lambda s: s.offset):
-            yield _line(file, slot.offset, slot.size)
+            yield read_line(file, slot.offset, slot.size)
 
 
-def _score_lines(scores: list[_Input], results: list[_Input], merged: dict[str, _Slot],
+def _score_lines(scores: list[Input], results: list[Input], merged: dict[str, Slot],
                  report: MergeReport) -> Iterator[bytes]:
     """The scores of the merged answers: exact duplicates once, those of a unit not in
     the merge or of an answer it did not keep dropped."""
@@ -613,7 +410,7 @@ def _score_lines(scores: list[_Input], results: list[_Input], merged: dict[str, 
         unreadable, records, results_like, offset = Unreadable(), 0, 0, 0
         pair = None if source.pair is None else results[source.pair]
         kept: list[tuple[int, int]] = []
-        for line in scan(source.file, _scores_problem):
+        for line in scan(source.file, scores_problem):
             if line.record is not None:
                 records += 1
                 record = line.record
@@ -638,80 +435,11 @@ def _score_lines(scores: list[_Input], results: list[_Input], merged: dict[str, 
                 report.torn.append(Torn(source.path, line.number, line.size))
             elif line.kind is not None:
                 unreadable.add(line)
-                results_like += line.problem == _RESULTS_LINE
+                results_like += line.problem == RESULTS_LINE
             offset += line.size
         if unreadable:
-            _refuse_unreadable(source.path, unreadable, records, "scores", "results",
+            refuse_unreadable(source.path, unreadable, records, "scores", "results",
                                results_like)
         for at, size in kept:
             report.scores += 1
-            yield _line(source.file, at, size)
-
-
-def _check_output(target: str) -> None:
-    """Refuse what ``target`` cannot be (a link, not a regular file, a results file a
-    ``fanout batch`` is appending to), before anything is read or written."""
-    try:
-        mode = os.lstat(target)
-    except FileNotFoundError:
-        if not Path(target).parent.is_dir():
-            raise ConfigError(f"{target}: cannot write: {Path(target).parent}/ does not "
-                              "exist") from None
-        return
-    except OSError as exc:
-        raise ConfigError(f"{target}: cannot write: {exc.strerror or exc}") from None
-    if stat.S_ISLNK(mode.st_mode):
-        raise ConfigError(f"{target}: is {kind_of(target, mode)}: fanout writes no file "
-                          "through a link (it is left as it was); name the file itself")
-    if not stat.S_ISREG(mode.st_mode):
-        raise ConfigError(f"{target}: not a regular file ({kind_of(target, mode)})")
-    try:
-        with _open_input(target) as file:
-            if _locked_by_a_run(file):
-                raise ConfigError(f"{target}: in use by a running fanout batch "
-                                  f"({_moved.holder(_moved.lock_path(target))}); wait for it "
-                                  "to end, or name another -o")
-    except ConfigError:
-        raise
-    except OSError as exc:
-        raise ConfigError(f"{target}: cannot read: {exc.strerror or exc}") from None
-
-
-def _write(target: str, chunks: Iterator[bytes]) -> None:
-    """``chunks`` to ``target`` whole or not at all: a new temporary file beside it,
-    flushed to disk, renamed over it; a link put at ``target`` meanwhile is refused."""
-    for _ in range(100):
-        temporary = temporary_name(target)
-        try:
-            fd, made = create_new(temporary, 0o600)
-        except FileExistsError:
-            continue
-        except OSError as exc:
-            raise ConfigError(f"{target}: cannot write beside it: {exc.strerror or exc}"
-                              ) from None
-        break
-    else:
-        raise ConfigError(f"{target}: no free temporary name beside it")
-    try:
-        try:
-            with open(fd, "wb", closefd=False) as file:
-                for chunk in chunks:
-                    file.write(chunk)
-            mask = os.umask(0)
-            os.umask(mask)
-            os.fchmod(fd, 0o666 & ~mask)
-            os.fsync(fd)
-        finally:
-            with contextlib.suppress(OSError):
-                made = identity(os.fstat(fd))
-            os.close(fd)
-        _check_output(target)
-        os.replace(temporary, target)
-    except OSError as exc:
-        remove_if_same(temporary, made)
-        raise ConfigError(f"{target}: cannot write: {exc.strerror or exc}; it is left as it "
-                          "was") from None
-    except BaseException:
-        remove_if_same(temporary, made)
-        raise
-
+            yield read_line(source.file, at, size)
