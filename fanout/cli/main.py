@@ -1,5 +1,5 @@
-"""``fanout``: the command line (``compare``, ``batch``, ``score``, ``report``, ``serve``,
-``mock``).
+"""``fanout``: the command line (``compare``, ``batch``, ``score``, ``report``, ``merge``,
+``serve``, ``mock``).
 
 Only this package imports rich: the library itself never draws anything.
 """
@@ -162,6 +162,10 @@ def _parser() -> argparse.ArgumentParser:
                              "file, by prompt id (as fanout score --prompts scored them)")
     report.add_argument("--against-prompts", metavar="PROMPTS.jsonl",
                         help="the same for the baseline")
+
+    from .merge import add_parser as add_merge
+
+    add_merge(commands)
 
     serve = commands.add_parser(
         "serve", help="the fan-out as an HTTP service, and a comparison page",
@@ -357,6 +361,10 @@ def _run(args: argparse.Namespace) -> int:
         return _serve(args)
     if args.command == "score":
         return _score(args)
+    if args.command == "merge":
+        from .merge import run_merge
+
+        return run_merge(args)
     if args.command == "report":
         from .report import report
 

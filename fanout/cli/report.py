@@ -8,6 +8,9 @@ record with an empty answer counts as ``empty``, apart from ``completed``.
 Tokens are ``None`` (shown ``-``) when no record of the model had usage: unknown
 is not zero; a sum over only some of them is shown with a ``+``.
 
+When the records name their plan (``fanout.store.plan_check``), a line on stderr
+says whether the file is complete for it.
+
 Any record shape is summarised without failing: a field of the wrong type
 counts as missing.  Text from a results file reaches a terminal only through
 ``printable`` (escapes and controls removed, lone surrogates replaced).
@@ -348,9 +351,14 @@ def _read_results(path: str, say: Callable[[str], None], *, keep: Callable[[dict
                   None]) -> tuple[dict[str, dict[str, Any]] | None, int]:
     """The summary of the results file at ``path`` (each record also handed to ``keep``),
     and the exit status when there is none: what it could not read is said."""
+    from ..store.plan_check import PlanTally
+
+    tally = PlanTally()
+
     def tee(reader: RecordReader) -> Iterator[dict[str, Any]]:
         for record in reader:
             keep(record)
+            tally.add(record)
             yield record
 
     try:
@@ -374,6 +382,9 @@ def _read_results(path: str, say: Callable[[str], None], *, keep: Callable[[dict
             return None, 2
         say("no records" + (" (the file is empty)" if not reader.size else ""))
         return None, 1
+    completeness = tally.check()  # None: the records name no plan
+    if completeness is not None:
+        say(completeness.line())
     return summary, 0
 
 
