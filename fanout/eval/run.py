@@ -383,7 +383,9 @@ class Scoring:
             except BaseException:
                 limit.release_on_behalf_of(job.key)
                 raise  # not sent: still queued, counted as not judged if it ends here
-            self._queue.popleft()  # only now: a job cancelled while waiting stays queued
+            # only now: a job cancelled while waiting stays queued; and by identity, since
+            # a judge the server cut may have been put back at the head meanwhile
+            self._queue.remove(job)
             self._jobs[job.key] = job
             self._sent[job.key] = trio.current_time()
             try:
