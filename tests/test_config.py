@@ -233,7 +233,7 @@ def test_a_real_endpoint_takes_any_model_id() -> None:
     # Without a base_url in the file, OPENAI_BASE_URL decides.
     bare = parse_config("[[models]]\nname = 'a'\nid = 'x'\n", "bare.toml")
     assert bare.model("gpt-4o", environ={"OPENAI_BASE_URL": "http://h/v1"}).id == "gpt-4o"
-    with pytest.raises(ConfigError, match="bare.toml: no model named 'gpt-4o' \\(known: a\\)"):
+    with pytest.raises(ConfigError, match=r"bare.toml: no model named 'gpt-4o' \(known: a\)"):
         bare.model("gpt-4o", environ={})
     embedded = parse_config("[endpoint]\nbase_url = 'embedded'\n", "e.toml")
     with pytest.raises(ConfigError, match="no model named 'gpt-4o'"):

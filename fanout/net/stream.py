@@ -508,6 +508,8 @@ class StreamRunner:
         if status in (401, 403) and not self.endpoint.api_key:
             message = f"no API key was sent: set OPENAI_API_KEY or [endpoint] api_key_env{said}"
         elif status == 404 and _names_model(error, self.request.model):
+            if not _NOT_KNOWN.search(error.message):
+                return error  # about the model, but not that it is unknown: its own words
             message = (f"the endpoint does not know model {self.request.model!r}; "
                        f"`fanout models` lists what it offers{said}")
         elif status == 404:
@@ -817,6 +819,8 @@ def public_url(url: str) -> str:
     return f"{parts.scheme}://{host}{port}{parts.path}".rstrip("/")
 
 
+#: A 404 about the model saying the endpoint does not know it (OpenAI, vLLM, Ollama, ...).
+_NOT_KNOWN = re.compile(r"does ?n[o']t exist|not found|unknown|no such|invalid model", re.I)
 #: Why a connection could not be made that says the server is not there (yet).
 _UNREACHED = {errno.ECONNREFUSED: "connection refused", errno.EHOSTUNREACH: "no route to host",
               errno.ENETUNREACH: "network unreachable"}
