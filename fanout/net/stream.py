@@ -797,7 +797,9 @@ def _names_model(error: StreamError, model: str) -> bool:
     """Whether a 404 is about the model (OpenAI's ``model_not_found``, vLLM's and
     Ollama's messages), not about the route."""
     said = f"{error.code or ''} {error.type or ''} {error.message}".lower()
-    return "model" in said or model.lower() in said
+    # The id as a whole word: a short one ("a") is inside every message.
+    named = re.search(rf"(?<![\w/.:-]){re.escape(model.lower())}(?![\w/.:-])", said)
+    return "model" in said or named is not None
 
 
 def connect_failure(exc: httpx.TransportError, base_url: str) -> str:

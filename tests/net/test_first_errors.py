@@ -128,3 +128,21 @@ async def test_a_host_that_cannot_be_reached_says_so(
     assert results["s"].reason == ("cannot connect to https://relay.invalid/v1: is the server "
                                    "running, is base_url right? run the same command again "
                                    f"once it is ({why})")
+
+
+@pytest.mark.parametrize(("model", "body", "expected"), [
+    # A short id is inside every message: only the whole id names it.
+    ("a", "404 page not found", "https://relay.invalid/chat/completions answered 404: no such "
+     "route; is base_url right? OpenAI-compatible servers usually end it with /v1"),
+    ("llama3", '{"error": "llama3 not found, try pulling it first"}',
+     "the endpoint does not know model 'llama3'; `fanout models` lists what it offers (the "
+     "server said: llama3 not found, try pulling it first)"),
+])
+async def test_a_404_names_the_model_only_by_its_whole_id(
+        autojump_clock: MockClock, model: str, body: str, expected: str) -> None:
+    script = Script([lambda _: httpx.Response(404, text=body)])
+    async with script.client() as client:
+        results = await run_fanout(Endpoint("https://relay.invalid", KEY),
+                                   [StreamRequest("s", model, MESSAGES)], client=client,
+                                   retry=ONCE)
+    assert results["s"].reason == f"HTTP 404: {expected}"
