@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import trio
 
 from fanout import load_config
 from fanout.cli.batch import BatchOptions, run_batch
@@ -23,8 +24,11 @@ from fanout.cli.compare import CompareOptions, run_compare
 from fanout.cli.init import InitOptions, run_init
 from fanout.cli.main import main
 from fanout.cli.models import ModelsOptions, run_models
+from fanout.config import parse_config
+from fanout.upstream import RunningUpstream
 from fanout.upstream.models import MODELS
 from tests.net.test_first_errors import closed_port
+from tests.serve.helpers import serving
 
 COMMAND = [sys.executable, "-m", "fanout.cli.main"]
 KEY = "sk-endpoint-SECRET-77"
@@ -271,3 +275,22 @@ def test_init_and_models_are_commands(tmp_path: Path, monkeypatch: pytest.Monkey
     assert main(["models"]) == 1
     assert "cannot connect to http://127.0.0.1:9/v1" in capsys.readouterr().err
     assert os.listdir(tmp_path) == ["fanout.toml"]
+
+
+# -- fanout serve ---------------------------------------------------------------------------
+
+async def test_serve_requests_take_any_model_id_of_a_real_endpoint(upstream: RunningUpstream
+                                                                  ) -> None:
+    config = parse_config(f'[endpoint]\nbase_url = "{upstream.base_url}"\n'
+                          '[[models]]\nname = "named"\nid = "mock/echo"\n', "real.toml")
+    async with serving(upstream, config) as served, served.client() as client:
+        with trio.fail_after(20):
+            adhoc = await client.post("/v1/chat/completions", json={
+                "model": "mock/fast", "messages": [{"role": "user", "content": "hi"}]})
+            unknown = await client.post("/v1/chat/completions", json={
+                "model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]})
+    assert adhoc.status_code == 200, adhoc.text
+    assert adhoc.json()["choices"][0]["message"]["content"]
+    # The endpoint's own 404, said as such (not the service's "no model named").
+    assert unknown.status_code != 200
+    assert "the endpoint does not know model 'gpt-4o'" in unknown.json()["error"]["message"]
