@@ -1,5 +1,5 @@
 """``fanout``: the command line (``compare``, ``batch``, ``score``, ``report``, ``merge``,
-``serve``, ``mock``).
+``serve``, ``mock``, ``models``, ``init``).
 
 Only this package imports rich: the library itself never draws anything.
 """
@@ -43,12 +43,14 @@ def _parser() -> argparse.ArgumentParser:
                          help="the prompt; - reads standard input, @FILE reads a file")
     compare.add_argument("-m", "--model", dest="models", action="append", default=[],
                          metavar="NAME", help="a model of the config (repeat; default: the "
-                         "config's [compare] models, else all); with the embedded upstream, "
-                         "any of its model ids too: mock/..., fault/..., replay/<capture> "
-                         "(fanout mock --list shows them)")
+                         "config's [compare] models, else all); with a real endpoint, any "
+                         "model id it serves (fanout models lists them); with the embedded "
+                         "upstream, any of its model ids: mock/..., fault/..., "
+                         "replay/<capture> (fanout mock --list shows them)")
     compare.add_argument("--system", metavar="TEXT", help="a system message before the prompt")
     compare.add_argument("--config", metavar="FILE", help="config file (default: ./fanout.toml, "
-                         "else config/default.toml, else the built-in embedded default)")
+                         "else the packaged default: the embedded upstream, or "
+                         "OPENAI_BASE_URL when it is set)")
     compare.add_argument("--json", action="store_true",
                          help="JSON Lines on stdout: one object per event, one per result")
     compare.add_argument("--no-reasoning", dest="reasoning", action="store_false",
@@ -77,8 +79,8 @@ def _parser() -> argparse.ArgumentParser:
                             '{"id": ..., "messages": [...]}, optional system, params, tools')
     batch.add_argument("-m", "--model", dest="models", action="append", default=[],
                        metavar="NAME", help="a model of the config (repeat; default: the "
-                       "config's [batch] models, else all); with the embedded upstream, any "
-                       "of its model ids too")
+                       "config's [batch] models, else all); any model id of a real endpoint "
+                       "or of the embedded upstream too")
     batch.add_argument("-o", "--output", required=True, metavar="RESULTS.jsonl",
                        help="results file (appended to; resumed from)")
     batch.add_argument("--samples", type=int, default=1, metavar="K",
@@ -179,6 +181,26 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="address to bind (default: [serve] host, else 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default: [serve] port, else 8080; 0: "
                        "any free one)")
+
+    models = commands.add_parser(
+        "models", help="the model ids the endpoint offers (its GET /models)",
+        description="List the model ids the endpoint's GET /models offers, one a line, "
+                    "sorted (owned_by beside each when given); any of them works with -m. "
+                    "Exit status: 0 with a list, 1 when the endpoint gives none (stderr says "
+                    "why), 2 for a bad config.")
+    models.add_argument("--config", metavar="FILE", help="config file (as for compare)")
+
+    init = commands.add_parser(
+        "init", help="write a commented starter config for a real endpoint",
+        description="Write a commented starter config (the endpoint, where the key comes "
+                    "from, deadlines, two models, a scorer, [batch] models) to PATH. Never "
+                    "overwrites: anything at PATH (a file, a link) is left as it is. Exit "
+                    "status: 0 written, 2 otherwise.")
+    init.add_argument("path", metavar="PATH", nargs="?", default="fanout.toml",
+                      help="where (default: ./fanout.toml, which every command reads)")
+    init.add_argument("--base-url", metavar="URL",
+                      help="the endpoint's base URL (default: OPENAI_BASE_URL, else "
+                           "https://api.openai.com/v1)")
 
     mock = commands.add_parser(
         "mock", help="serve the embedded OpenAI-compatible upstream",
@@ -365,6 +387,14 @@ def _run(args: argparse.Namespace) -> int:
         from .merge import run_merge
 
         return run_merge(args)
+    if args.command == "models":
+        from .models import ModelsOptions, run_models
+
+        return run_models(ModelsOptions(config=args.config))
+    if args.command == "init":
+        from .init import InitOptions, run_init
+
+        return run_init(InitOptions(path=args.path, base_url=args.base_url))
     if args.command == "report":
         from .report import report
 

@@ -123,7 +123,7 @@ def run_score(options: ScoreOptions, *, stdout: TextIO | None = None,
     if not options.scorers:
         return fail("no scorer: give --score NAME (a [[scorers]] name or a builtin)")
     try:
-        config = load_config(options.config)
+        config = load_config(options.config, environ=environ)
     except ConfigError as exc:
         for line in exc.problems or [str(exc)]:
             say(line)

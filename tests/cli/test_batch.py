@@ -478,8 +478,9 @@ def test_requests_the_server_refuses_get_no_advice_to_run_again(tmp_path: Path,
     status, _, err = batch(str(prompts), output, config, "fast", "missing")
     assert status == 1
     lines = err.splitlines()
-    unknown = ("HTTP 404: The model 'mock/no-such-model' does not exist. GET /v1/models "
-               "lists the models of this upstream.")
+    unknown = ("HTTP 404: the endpoint does not know model 'mock/no-such-model'; `fanout "
+               "models` lists what it offers (the server said: The model 'mock/no-such-model' "
+               "does not…")
     assert lines[-3:] == [
         "fanout batch: 4 of 6 streams are not completed",
         f"fanout batch: missing: 3 requests refused as sent (HTTP 400, 404; e.g. {unknown}): "

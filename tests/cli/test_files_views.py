@@ -353,8 +353,8 @@ def test_batch_on_a_real_terminal_at_80_columns(tmp_path: Path, config: str) -> 
                for line in reasons), reasons
     assert any(line.startswith("stalled: 110 timed out: no event within 0.5 s")
                for line in reasons), reasons
-    assert any(line.startswith("missing: 110 error HTTP 404: The model 'mock/no-such-model' "
-                               "does not exist") for line in reasons), reasons
+    assert any(line.startswith("missing: 110 error HTTP 404: the endpoint does not know "
+                               "model 'mock/no-such") for line in reasons), reasons
     assert "missing: 1 error HTTP 400: 'temperature' must be a number, not 'hot'." in reasons
     assert "fast: 1 error HTTP 400: 'temperature' must be a number, not 'hot'." in reasons
 
