@@ -74,17 +74,11 @@ from ..core.result import Flag, Outcome, StreamResult
 from ..eval.budget import Budget, why_unbounded
 from ..eval.cost import cost_of, usage_record
 from ..eval.run import Scoring, Selected, UnknownScorer, select_scorers
-from ..eval.scores import ScoresFile, scores_path
 from ..fanout import Fanout, open_fanout
 from ..ratelimit import AdaptiveLimit, EndpointLimit
 from ..request import Endpoint, RetryPolicy, StreamRequest, content_key
-from .common import interrupt_on_sigint, open_endpoint, text_console
-from .common import only as _only
-from .prompts import Prompt, PromptFileError, load_prompts
-from .records import result_record
-from .render import cut_line
-from .report import model_summary, printable, summary_console, summary_view
-from .results import (
+from ..store.prompts import Prompt, PromptFileError, load_prompts
+from ..store.results import (
     RecordReader,
     ResultsFile,
     ResultsFileError,
@@ -92,6 +86,12 @@ from .results import (
     state_of,
     work_key,
 )
+from ..store.scores import ScoresFile, scores_path
+from .common import interrupt_on_sigint, open_endpoint, text_console
+from .common import only as _only
+from .records import result_record
+from .render import cut_line
+from .report import model_summary, printable, summary_console, summary_view
 
 __all__ = ["BatchOptions", "Work", "batch_record", "plan_work", "run_batch", "unsendable"]
 

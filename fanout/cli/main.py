@@ -19,8 +19,8 @@ import trio
 
 from .. import __version__
 from ..upstream.capture import PACKAGED_CAPTURES, Capture, find_captures
+from ..upstream.catalog import MODELS
 from ..upstream.fragment import MODES, Fragmenter
-from ..upstream.models import MODELS
 from ..upstream.server import RunningUpstream, serve_upstream
 from .common import only as _only
 from .common import silence_stdout
@@ -269,8 +269,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _batch(args: argparse.Namespace) -> int:
+    from ..store.results import parse_shard
     from .batch import BatchOptions, run_batch
-    from .results import parse_shard
 
     shard = None
     if args.shard is not None:

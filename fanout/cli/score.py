@@ -3,7 +3,7 @@
 The latest record of every (prompt id, model, sample) of the results file is
 scored by every ``--score`` scorer (a ``[[scorers]]`` name of the config, or a
 builtin: ``fanout.eval.scorers.BUILTIN``) into the scores file
-(``RESULTS.scores.jsonl``, or ``--scores FILE``; see ``fanout.eval.scores``).
+(``RESULTS.scores.jsonl``, or ``--scores FILE``; see ``fanout.store.scores``).
 No model request is sent but a judge's.  A score already in the file for the
 same answer and scorer is current and kept (``--rescore`` scores it again), so
 running the same command twice scores nothing new, and a run killed midway
@@ -41,13 +41,13 @@ from rich.console import Console
 from .._exceptions import ConfigError
 from ..config import Config, load_config
 from ..eval.run import Scoring, Selected, UnknownScorer, select_scorers
-from ..eval.scores import ScoresFile, scores_path
 from ..request import Endpoint
+from ..store.prompts import PromptFileError, load_prompts
+from ..store.results import RecordReader, ResultsFileError, _holder, lock_path, work_key
+from ..store.scores import ScoresFile, scores_path
 from .common import interrupt_on_sigint, open_endpoint, text_console
 from .common import only as _only
-from .prompts import PromptFileError, load_prompts
 from .report import printable
-from .results import RecordReader, ResultsFileError, _holder, lock_path, work_key
 
 __all__ = ["ScoreOptions", "latest_records", "run_score"]
 

@@ -18,7 +18,7 @@ import pytest
 
 from fanout.cli.batch import BatchOptions, run_batch
 from fanout.cli.main import main
-from fanout.cli.results import work_key
+from fanout.store.results import work_key
 
 COMMAND = [sys.executable, "-m", "fanout.cli.main"]
 
@@ -557,7 +557,7 @@ def test_answers_and_judges_on_one_slot_share_its_limit(tmp_path: Path, cadence:
     # The judge's streams cut answers and answers cut judges: each is counted as a
     # stream running on the endpoint, so a cut answer is redone (before it is judged)
     # and a cut judge is asked again (never scored), at the endpoint's lowered limit.
-    from fanout.eval.scores import answer_key, read_scores, scores_path
+    from fanout.store.scores import answer_key, read_scores, scores_path
     config = _one_slot_judged(tmp_path, "clean", cadence)
     prompts = prompts_file(tmp_path, 10)
     output = str(tmp_path / "results.jsonl")
@@ -595,7 +595,7 @@ def test_a_relay_that_hides_cuts_is_met_by_capping_the_endpoint(tmp_path: Path,
     # slot/litellm: a cut comes as finish_reason "stop", usage and [DONE], byte for byte
     # a finished answer; nothing can tell it.  [concurrency] max = 1 caps the endpoint
     # for answers and judges alike: one stream at a time, nothing is cut.
-    from fanout.eval.scores import read_scores, scores_path
+    from fanout.store.scores import read_scores, scores_path
     config = _one_slot_judged(tmp_path, "litellm", cadence, "[concurrency]\nmax = 1\n")
     prompts = prompts_file(tmp_path, 10)
     output = str(tmp_path / "results.jsonl")

@@ -14,9 +14,11 @@ from trio.testing import MockClock
 
 from fanout import ChoiceResult, Flag, Outcome, StreamResult, Usage
 from fanout.cli.batch import _Final, is_done, not_completed, plan_work
-from fanout.cli.prompts import PromptFileError, load_prompts
 from fanout.cli.report import _percentile, model_summary
-from fanout.cli.results import (
+from fanout.config import parse_config
+from fanout.ratelimit import AdaptiveLimit, EndpointLimit
+from fanout.store.prompts import PromptFileError, load_prompts
+from fanout.store.results import (
     ResultsFile,
     parse_shard,
     read_results,
@@ -24,8 +26,6 @@ from fanout.cli.results import (
     state_of,
     work_key,
 )
-from fanout.config import parse_config
-from fanout.ratelimit import AdaptiveLimit, EndpointLimit
 
 CONFIG = parse_config("[endpoint]\nbase_url = 'embedded'\n"
                       "[[models]]\nname = 'a'\nid = 'mock/fast'\n"
@@ -237,7 +237,7 @@ def test_the_writer_survives_what_orjson_refuses(tmp_path: Path) -> None:
 
 
 def test_writing_into_a_missing_directory_fails_clearly(tmp_path: Path) -> None:
-    from fanout.cli.results import ResultsFileError
+    from fanout.store.results import ResultsFileError
     with pytest.raises(ResultsFileError, match=r"cannot open for writing: No such file or "
                        r"directory .*/nope/ does not exist"):
         ResultsFile(tmp_path / "nope" / "r.jsonl")

@@ -20,9 +20,9 @@ import pytest
 from fanout import files
 from fanout.cli.batch import BatchOptions, run_batch
 from fanout.cli.report import report
-from fanout.cli.results import ResultsFile, _holder, lock_path
 from fanout.cli.score import ScoreOptions, run_score
-from fanout.eval.scores import scores_path
+from fanout.store.results import ResultsFile, _holder, lock_path
+from fanout.store.scores import scores_path
 
 CONFIG = """
 [endpoint]

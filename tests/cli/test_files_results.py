@@ -21,10 +21,10 @@ from typing import Any
 import orjson
 import pytest
 
-from fanout.cli import results as results_module
 from fanout.cli.batch import BatchOptions, run_batch
-from fanout.cli.results import ResultsFile, ResultsFileError, _starts_a_record, lock_path, scan
 from fanout.records import dumps_bytes
+from fanout.store import results as results_module
+from fanout.store.results import ResultsFile, ResultsFileError, _starts_a_record, lock_path, scan
 
 COMMAND = [sys.executable, "-m", "fanout.cli.main"]
 

@@ -24,7 +24,7 @@ import pytest
 from fanout.cli.batch import BatchOptions, run_batch
 from fanout.cli.report import report
 from fanout.cli.score import ScoreOptions, run_score
-from fanout.eval.scores import read_scores, scores_path
+from fanout.store.scores import read_scores, scores_path
 
 COMMAND = [sys.executable, "-m", "fanout.cli.main"]
 
@@ -326,7 +326,7 @@ def _unit(prompt: str, sample: int, text: str) -> dict[str, Any]:
 
 
 def test_pass_at_k_of_flaky_samples_matches_the_hand_computation(tmp_path: Path) -> None:
-    from fanout.eval.scores import answer_key
+    from fanout.store.scores import answer_key
 
     # three samples a prompt: p1 passes 2 of 3, p2 1 of 3, p3 3 of 3, p4 0 of 3
     plan = {"p1": [1, 0, 1], "p2": [0, 0, 1], "p3": [1, 1, 1], "p4": [0, 0, 0]}

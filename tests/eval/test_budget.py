@@ -22,7 +22,7 @@ from fanout.eval.budget import (
     why_unbounded,
 )
 from fanout.eval.cost import Price
-from fanout.eval.scores import scores_path
+from fanout.store.scores import scores_path
 
 CONFIG = """
 [endpoint]
