@@ -49,9 +49,8 @@ from .results import (
     work_key,
 )
 
-__all__ = ["RUN_FIELDS", "STATUSES", "Scores", "ScoresFile", "answer_key", "as_read_back", "read_scores",
-           "score_id",
-           "score_problem", "score_record", "scores_path"]
+__all__ = ["RUN_FIELDS", "STATUSES", "Scores", "ScoresFile", "answer_key", "as_read_back",
+           "read_scores", "score_id", "score_problem", "score_record", "scores_path"]
 
 #: The fields that say which batch wrote a record (``"shard": "I/N"``, ``"plan"``: the
 #: plan's fingerprint, ``"run"``: the run id): absent from records of older versions.

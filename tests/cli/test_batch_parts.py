@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
-from rich.console import Console
 from trio.testing import MockClock
 
 from fanout import ChoiceResult, Flag, Outcome, StreamResult, Usage
-from fanout.cli.batch import _Final, is_done, not_completed, plan_work
+from fanout.batch.plan import plan_work
+from fanout.batch.session import is_done
+from fanout.batch.summary import Final as _Final
+from fanout.batch.summary import not_completed as _not_completed
 from fanout.cli.report import _percentile, model_summary
 from fanout.config import parse_config
 from fanout.ratelimit import AdaptiveLimit, EndpointLimit
@@ -26,6 +27,15 @@ from fanout.store.results import (
     state_of,
     work_key,
 )
+
+
+def not_completed(finals: dict[str, _Final], total: int, ran: Any, *,
+                  accept_empty: bool) -> list[str]:
+    """The lines of ``fanout.batch.summary.not_completed``, as ``fanout batch`` prints
+    them (server text made printable)."""
+    from fanout.cli.report import printable
+    return [printable(line) for line in
+            _not_completed(finals, total, ran, accept_empty=accept_empty)[0]]
 
 CONFIG = parse_config("[endpoint]\nbase_url = 'embedded'\n"
                       "[[models]]\nname = 'a'\nid = 'mock/fast'\n"
@@ -436,7 +446,7 @@ def test_the_summary_counts_latest_outcomes_and_every_429() -> None:
 # ------------------------------------------------------- what counts as a cut
 
 class _Fan:
-    """What _Session._finished needs of a fan-out."""
+    """What Session._finished needs of a fan-out."""
 
     def forget(self, key: str) -> None:
         pass
@@ -444,7 +454,8 @@ class _Fan:
 
 def _session(tmp_path: Path, *, accept_empty: bool = False, prompts: int = 4,
              concurrency: int = 8, scoring: Any = None) -> tuple[Any, list[Any]]:
-    from fanout.cli.batch import BatchOptions, _Session
+    from fanout.batch import BatchOptions
+    from fanout.batch.session import Session
     tmp_path.mkdir(exist_ok=True)
     lines = [json.dumps({"id": f"q{i}", "prompt": f"p{i}"}) for i in range(prompts)]
     work = plan_work(load_prompts(write_lines(tmp_path / "p.jsonl", *lines)), CONFIG.models[:2],
@@ -452,8 +463,8 @@ def _session(tmp_path: Path, *, accept_empty: bool = False, prompts: int = 4,
     writer = ResultsFile(tmp_path / "r.jsonl")
     options = BatchOptions(prompts="p", output="r", concurrency=concurrency,
                            accept_empty=accept_empty)
-    return _Session(CONFIG, options, work, writer, Console(file=io.StringIO()),
-                    scoring=scoring), work
+    return Session(CONFIG, options, work, writer, cap=concurrency,
+                   stamp={"shard": "0/1", "plan": "p", "run": "r"}, scoring=scoring), work
 
 
 def _send(session: Any, unit: Any) -> None:
@@ -511,7 +522,7 @@ async def test_a_cut_while_others_ran_is_redone_first_and_lowers_the_endpoint(
 
 
 async def test_a_unit_is_redone_at_most_max_redos_times(tmp_path: Path) -> None:
-    from fanout.cli.batch import MAX_REDOS
+    from fanout.batch.options import MAX_REDOS
     session, work = _session(tmp_path)
     unit = work[0]
     for n in range(MAX_REDOS + 1):

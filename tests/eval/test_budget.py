@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
+from fanout.batch import BatchOptions, ExitCode
 from fanout.bodies import DEFAULT_MAX_TOKENS
-from fanout.cli.batch import EXIT_BUDGET, BatchOptions, run_batch
+from fanout.cli.batch import run_batch
 from fanout.core.events import ReasoningDelta, TextDelta, ToolCallDelta, UsageReported
 from fanout.core.result import Usage
 from fanout.eval.budget import (
@@ -23,6 +24,8 @@ from fanout.eval.budget import (
 )
 from fanout.eval.cost import Price
 from fanout.store.scores import scores_path
+
+EXIT_BUDGET = ExitCode.BUDGET
 
 CONFIG = """
 [endpoint]
@@ -90,6 +93,8 @@ concurrency = 2
 PRICE = Price(input=100.0, output=200.0)
 PROMPTS = [{"id": f"p{i}", "prompt": f"item number {i}", "expected": f"number {i}"}
            for i in range(10)]
+
+EXIT_BUDGET = ExitCode.BUDGET
 
 
 @pytest.fixture
