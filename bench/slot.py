@@ -28,7 +28,7 @@ import tempfile
 import time
 from typing import Any
 
-import fanout.batch.run as run_module
+import fanout.batch.runner as run_module
 import fanout.cli.batch as batch_module
 from fanout.batch.session import Session
 

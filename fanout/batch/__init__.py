@@ -21,8 +21,8 @@ from .options import BatchOptions as BatchOptions
 from .options import ExitCode as ExitCode
 from .progress import BatchObserver as BatchObserver
 from .progress import BatchProgress as BatchProgress
-from .run import run as run
-from .run import run_sync as run_sync
+from .runner import run as run
+from .runner import run_sync as run_sync
 from .summary import BatchSummary as BatchSummary
 from .summary import Failure as Failure
 

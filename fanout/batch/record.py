@@ -28,7 +28,7 @@ def batch_record(work: Work, result: StreamResult, *, cut: bool = False, redo: i
     (a later record of the same key follows); ``redo``: how many times this
     unit had been cut and redone in this run before this record; ``run``: the
     ``stamp`` of the batch (``shard``, ``plan``, ``run``), written after
-    ``sample``.
+    ``content_key``.
 
     For evaluation it carries the prompt's ``messages`` as sent, its
     ``expected`` (absent when the prompt has none), ``category`` and ``tags``
@@ -50,7 +50,6 @@ def batch_record(work: Work, result: StreamResult, *, cut: bool = False, redo: i
         "id": work.prompt.id,
         "model": work.model.name,
         "sample": work.sample,
-        **(run or {}),
         "outcome": base["outcome"],
         "reason": base["reason"],
         "flags": base["flags"],
@@ -60,6 +59,7 @@ def batch_record(work: Work, result: StreamResult, *, cut: bool = False, redo: i
         "model_id": work.model.id,
         "api": work.model.api,
         "content_key": work.content_key,
+        **(run or {}),
         "finished_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds"),
         "text": base["text"],
         "finish_reason": first.finish_reason if first else None,

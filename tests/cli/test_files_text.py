@@ -355,7 +355,7 @@ def test_the_summary_takes_any_record_of_the_right_shape(rows: list[dict[str, An
 
 def test_every_line_of_a_config_error_is_printed(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    import fanout.batch.run as batch_module
+    import fanout.batch.runner as batch_module
     from fanout import ConfigError
 
     def broken(path: str | None) -> None:
