@@ -35,7 +35,8 @@ class ExitCode(enum.IntEnum):
     ``0``      every unit is done
     ``1``      finished; some units failed in ways a rerun will not fix (a request the
                server refuses as sent: HTTP 4xx but 408, 409 and 429; a model that
-               failed all its units the same way, e.g. always truncates)
+               failed all its units the same way of its own: always truncates, answers
+               empty or times out)
     ``2``      usage, config or input errors: nothing was sent
     ``3``      the budget (``--budget``) stopped the run
     ``75``     ``EX_TEMPFAIL``: work is left that a rerun may finish (connection
@@ -61,7 +62,8 @@ EXIT_TABLE = """\
 exit status:
   0    every unit done
   1    finished; some units failed in ways a rerun will not fix (HTTP 4xx but
-       408/409/429, a model that fails every unit the same way, e.g. always truncates)
+       408/409/429, a model that fails every unit the same way: always truncates,
+       answers empty or times out)
   2    usage, config or input errors (nothing was sent)
   3    the budget stopped the run (--budget)
   75   work is left that a rerun may finish (connection refused, 5xx/429 after every

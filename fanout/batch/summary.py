@@ -4,9 +4,9 @@ A unit that is not done is a ``Failure``, **permanent** when running again
 cannot change it: the server refused the request as sent (HTTP 4xx but 408,
 409 and 429), or its model failed every one of its units this run the same
 way of its own (the same state and HTTP status, at least 2 of them: a model that
-always truncates, or always answers empty).  Anything else is **temporary**: a
-connection refused, a 5xx or 429 after every retry, a timeout, a stream still
-cut after every redo, a unit never sent (a write error stopped the run), a
+always truncates, always answers empty, always times out).  Anything else is **temporary**: a
+connection refused, a 5xx or 429 after every retry, a timeout (some of a
+model's units, not all), a stream still cut after every redo, a unit never sent (a write error stopped the run), a
 unit not recorded (the disk was full).
 """
 
@@ -189,7 +189,7 @@ def not_completed(finals: Mapping[str, Final], total: int, ran: Mapping[str, int
     cannot fix a request the server refuses as sent (HTTP 4xx but 408, 409 and
     429), nor a model that failed every one of its units this run the same way
     of its own (the same state and HTTP status, at least 2 of them, truncated,
-    empty or an error in a 200 response; the requests it refused aside): the
+    empty, timed out or an error in a 200 response; the requests it refused aside): the
     next run would send the same requests to the same model.  Anything else (a
     stream cut, timed out, a 5xx, a 429 after every retry, a connection refused,
     a failure some units of the model did not meet) may go the other way next
@@ -243,15 +243,15 @@ def cut_line(text: str, limit: int) -> str:
 
 def _all_the_same(failed: Sequence[Final], ran: int) -> bool:
     """Every one of the model's units that ended this run (at least 2) is in ``failed``,
-    and all ended the same way, a way that is the model's own: truncated, empty, or an
-    error the server sent with a success status.  A way that is the server's or the
-    network's (a 5xx, a 408, 409 or 429, no response at all, a timeout) may pass."""
+    and all ended the same way, a way that is the model's own: truncated, empty, timed
+    out, or an error the server sent with a success status.  A way that is the server's
+    or the network's (a 5xx, a 408, 409 or 429, no response at all) may pass."""
     return len(failed) == ran >= 2 and len({(f.state, f.status) for f in failed}) == 1 \
         and _its_own(failed[0])
 
 
 def _its_own(final: Final) -> bool:
-    if final.state in ("truncated", "empty"):
+    if final.state in ("truncated", "empty", "timed_out"):
         return True
     return final.state == "error" and final.status is not None and final.status < 300
 

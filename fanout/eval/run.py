@@ -392,7 +392,9 @@ class Scoring:
             except BaseException:
                 limit.release_on_behalf_of(job.key)
                 raise  # not sent: still queued, counted as not judged if it ends here
-            self._queue.popleft()  # only now: a job cancelled while waiting stays queued
+            # Only now: a job cancelled while waiting stays queued.  Not popleft(): a
+            # judge cut while this one waited went back to the head of the queue.
+            self._queue.remove(job)
             self._jobs[job.key] = job
             self._sent[job.key] = trio.current_time()
             try:

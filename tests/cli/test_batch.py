@@ -122,7 +122,7 @@ def test_every_unit_of_work_once_with_its_outcome(tmp_path: Path, config: str) -
     prompts = prompts_file(tmp_path, 6)
     output = str(tmp_path / "results.jsonl")
     status, out, err = batch(prompts, output, config, *EXPECTED, samples=2)
-    assert status == 1  # some models fail by design
+    assert status == 1, err  # some models fail by design, each the same way every time
     every = records(output)
     keys = Counter(work_key(r["id"], r["model"], r["sample"]) for r in every)
     assert len(keys) == 6 * len(EXPECTED) * 2
@@ -476,10 +476,11 @@ def test_requests_the_server_refuses_get_no_advice_to_run_again(tmp_path: Path,
                                      "params": {"temperature": "hot"}}) + "\n")
     output = str(tmp_path / "results.jsonl")
     status, _, err = batch(str(prompts), output, config, "fast", "missing")
-    assert status == 1
+    assert status == 1  # every failure is the request's: a rerun will not fix it
     lines = err.splitlines()
     unknown = ("HTTP 404: The model 'mock/no-such-model' does not exist. GET /v1/models "
                "lists the models of this upstream.")
+    assert lines.pop() == f"fanout batch: exit 1: 4 units failed in ways a rerun will not fix ({unknown})"
     assert lines[-3:] == [
         "fanout batch: 4 of 6 streams are not completed",
         f"fanout batch: missing: 3 requests refused as sent (HTTP 400, 404; e.g. {unknown}): "
