@@ -157,9 +157,7 @@ def _prepare(options: BatchOptions, environ: Mapping[str, str] | None,
 
     def left_for_later(exc: ResultsFileError, flag: str) -> BatchSummary:
         line = f"{flag} {exc}; nothing was sent"
-        if observer is not None:
-            observer.note(line)
-        failures = tuple(Failure(u.key, u.model.name, "unsent", None, str(exc)) for u in work)
+        failures = tuple(Failure(u.key, u.model.name, "unsent", None, exc.why) for u in work)
         return BatchSummary(exit_code=ExitCode.TEMPFAIL, total=len(work), done=0,
                             counts={"unsent": len(work)}, ran={}, redone=0,
                             failures=failures, plan=fingerprint, run=run_id, shard=shard,

@@ -134,13 +134,15 @@ def explain(summary: BatchSummary) -> str:
         return f"the budget stopped the run; {_units(summary.left)} left"
     if code == ExitCode.TEMPFAIL:
         if summary.write_error is not None and not temporary:
-            return f"the results could not all be written ({summary.write_error}); rerun"
+            return "a file could not be written; a rerun may finish"
         if not temporary and summary.judges_failed:
             return (f"{summary.judges_failed} judge stream"
                     f"{'s' if summary.judges_failed != 1 else ''} did not complete; "
                     "a rerun of `fanout score` may finish")
+        why = (" (a file could not be written)" if summary.write_error is not None
+               else _main_reason(temporary))
         line = (f"{_units(len(temporary))} {'are' if len(temporary) != 1 else 'is'} left "
-                f"that a rerun may finish{_main_reason(temporary)}")
+                f"that a rerun may finish{why}")
         if permanent:
             line += f"; {len(permanent)} more failed for good"
         return line

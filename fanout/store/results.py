@@ -418,9 +418,11 @@ class ResultsFileError(Exception):
     ``temporary``: a later run may well use it as it is (another run holds its lock, the
     disk is full): work is left, not refused."""
 
-    def __init__(self, message: str, *, temporary: bool = False) -> None:
+    def __init__(self, message: str, *, temporary: bool = False, why: str = "") -> None:
         super().__init__(message)
         self.temporary = temporary
+        #: The cause in a few words (``locked by another run``), for a summary line.
+        self.why = why or message
 
 
 def lock_path(path: str | os.PathLike[str]) -> Path:
@@ -526,7 +528,8 @@ class ResultsFile:
         except BlockingIOError:
             raise ResultsFileError(f"{self.path}: in use by another {self.USER} "
                                    f"({_holder(lock_path(self.path))}); wait for it to end, "
-                                   "or name another output", temporary=True) from None
+                                   "or name another output", temporary=True,
+                                   why=f"{self.path.name} is locked by another run") from None
         except OSError as exc:  # a file system without locks: say so, do not run unlocked
             raise ResultsFileError(f"{self.path}: cannot lock: {_why(exc)}") from None
 
