@@ -4,10 +4,11 @@ A unit that is not done is a ``Failure``, **permanent** when running again
 cannot change it: the server refused the request as sent (HTTP 4xx but 408,
 409 and 429), or its model failed every one of its units this run the same
 way of its own (the same state and HTTP status, at least 2 of them: a model that
-always truncates, always answers empty, always times out).  Anything else is **temporary**: a
-connection refused, a 5xx or 429 after every retry, a timeout (some of a
-model's units, not all), a stream still cut after every redo, a unit never sent (a write error stopped the run), a
-unit not recorded (the disk was full).
+always truncates, always answers empty, always times out).  Anything else is
+**temporary**: a connection refused, a 5xx or 429 after every retry, a timeout
+(some of a model's units, not all), a stream still cut after every redo, a unit
+never sent (a write error stopped the run), a unit not recorded (the disk was
+full).
 """
 
 from __future__ import annotations

@@ -144,12 +144,12 @@ def score_record(record: Mapping[str, Any], scorer: str, kind: str, scorer_key: 
         "status": status, "score": score, "passed": passed, "explanation": explanation,
         "scored_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds"),
     }
+    if judge is not None:
+        line["judge"] = dict(judge)
     for field in RUN_FIELDS:
         value = (stamp if stamp is not None else record).get(field)
         if isinstance(value, str):
             line[field] = value
-    if judge is not None:
-        line["judge"] = dict(judge)
     return line
 
 

@@ -114,6 +114,7 @@ def test_75_the_results_file_locked_by_another_run(tmp_path: Path) -> None:
 def test_2_usage(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     status, err = _batch(tmp_path, "no-such-model")
     assert status == ExitCode.USAGE == 2
+    assert "no-such-model" in err
     assert main(["batch", _prompts(tmp_path), "-o", str(tmp_path / "r.jsonl"),
                  "--shard-concurrency", "0", "--config", _config(tmp_path)]) == 2
     assert "--shard-concurrency must be >= 1, not 0" in capsys.readouterr().err

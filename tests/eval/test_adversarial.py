@@ -271,13 +271,14 @@ def test_batch_says_when_judge_streams_did_not_complete(tmp_path: Path, config: 
     status, output, out, err = _batch(tmp_path, config,
                                       [{"id": "a", "prompt": "a", "expected": "a"}],
                                       scorers=("cut-judged",))
-    # the answers completed, the judging did not: exit 1, and the way to finish said
-    assert status == 1, err
+    # the answers completed, the judging did not: exit 75 (a rerun asks the judge again),
+    # and the way to finish said
+    assert status == 75, err
     assert "cut-judged: 1 new (0 scored, 0 passed, 0 unscored, 1 error)" in out
     assert ("fanout batch: 1 judge stream did not complete (error scores); "
             f"`fanout score {output} --score cut-judged --config {config}` asks it again") in err
     status, out, err = _score(output, config, "cut-judged")
-    assert status == 1 and "cut-judged: 1 new" in out  # not current: asked again
+    assert status == 75 and "cut-judged: 1 new" in out  # not current: asked again
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

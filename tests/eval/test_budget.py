@@ -351,7 +351,7 @@ def test_a_relay_that_bills_past_max_tokens_is_said(tmp_path: Path, config: str)
     spent = sum(r["cost"] for r in records)
     assert records and all(r["usage"]["completion_tokens"] == 50 for r in records)
     assert spent > 0.02, err
-    last = err.splitlines()[-1]
+    last = err.splitlines()[-2]  # before the exit line
     assert last.endswith(f"budget exceeded by ${spent - 0.02:.6f} ({len(records)} streams "
                          "cost more than their bound: the relay billed more tokens than were "
                          "asked for)"), err
