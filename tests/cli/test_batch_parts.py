@@ -374,18 +374,24 @@ def test_running_again_is_advised_only_when_it_can_help() -> None:
     finals = {"1": final("a", "timed_out"), "2": final("b", "truncated", reason="cut")}
     assert not_completed(finals, 10, Counter({"a": 5, "b": 5}), accept_empty=False) == [
         "2 of 10 streams are not completed; run the same command again to redo them"]
-    # b failed every one of its streams, the same way; c had a 400 and a 503.
+    # b failed every one of its streams, the same way, but a 5xx is the server's: a rerun
+    # may finish them; c had a 400 (for good) and a 503.
     finals = {"1": final("b", "error", 500, "HTTP 500: boom"),
               "2": final("b", "error", 500, "HTTP 500: boom again"),
               "3": final("c", "error", 400, "HTTP 400: bad\x1b[2J field"),
               "4": final("c", "error", 503, "HTTP 503: busy")}
     assert not_completed(finals, 9, Counter({"b": 2, "c": 5}), accept_empty=False) == [
         "4 of 9 streams are not completed",
-        "b: all 2 of its streams this run failed (HTTP 500: boom): running the same command "
-        "again will not help",
         "c: 1 request refused as sent (HTTP 400: bad field): running again sends it unchanged; "
         "fix the prompt, the params or the model",
-        "run the same command again to redo the other 1"]
+        "run the same command again to redo the other 3"]
+    _, failures = _not_completed(finals, 9, Counter({"b": 2, "c": 5}), accept_empty=False)
+    assert [f.key for f in failures if f.permanent] == ["3"]
+    # b's every stream truncated: that is the model's own, a rerun will not help.
+    finals = {"1": final("b", "truncated", 200, "cut"), "2": final("b", "truncated", 200, "cut")}
+    lines, failures = _not_completed(finals, 2, Counter({"b": 2}), accept_empty=False)
+    assert lines[1].startswith("b: all 2 of its streams this run were truncated (cut)")
+    assert all(f.permanent for f in failures)
     # One stream is no pattern; 408, 409 and 429 are worth another try.
     for status in (408, 409, 429):
         lines = not_completed({"1": final("d", "error", status)}, 1, Counter({"d": 1}),
