@@ -837,7 +837,7 @@ def _check_url(url: str, where: str) -> None:
 
 
 def _is_embedded_model(name: str) -> bool:
-    from .upstream.models import MODELS  # only when the endpoint is the embedded one
+    from .upstream.catalog import MODELS  # only when the endpoint is the embedded one
 
     base = name.split("@", 1)[0].split(":", 1)[0]
     return base in MODELS or (base.startswith("replay/") and len(base) > len("replay/"))

@@ -18,14 +18,24 @@ from typing import Any
 import trio
 
 from .. import __version__
+from ..batch.options import EXIT_TABLE
 from ..upstream.capture import PACKAGED_CAPTURES, Capture, find_captures
+from ..upstream.catalog import MODELS
 from ..upstream.fragment import MODES, Fragmenter
-from ..upstream.models import MODELS
 from ..upstream.server import RunningUpstream, serve_upstream
 from .common import only as _only
 from .common import silence_stdout
 
 __all__ = ["main"]
+
+
+class _TableEpilog(argparse.HelpFormatter):
+    """Wraps the description as usual; the exit-status table stays a table."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text == EXIT_TABLE:
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -70,10 +80,9 @@ def _parser() -> argparse.ArgumentParser:
                     "Running the same command again skips what completed and redoes the "
                     "rest. Streams the server cut while others ran are redone at once, at "
                     "lower concurrency. With --score, each answer is scored as it arrives "
-                    "(RESULTS.scores.jsonl). Exit status: 0 when everything completed (an "
-                    "empty answer does not count, unless --accept-empty), 1 otherwise, 2 for "
-                    "bad usage or input, 3 when --budget stopped it (run again with a new "
-                    "--budget to continue), 130 after Ctrl-C.")
+                    "(RESULTS.scores.jsonl). An empty answer is not done unless "
+                    "--accept-empty; run again with a new --budget to continue after exit 3.",
+        epilog=EXIT_TABLE, formatter_class=_TableEpilog)
     batch.add_argument("prompts", metavar="PROMPTS.jsonl",
                        help='one JSON object a line: {"id": ..., "prompt": "..."} or '
                             '{"id": ..., "messages": [...]}, optional system, params, tools')
@@ -91,7 +100,14 @@ def _parser() -> argparse.ArgumentParser:
                        help="streams in flight per model, at most (lowered on 429s, then "
                             "raised back)")
     batch.add_argument("--shard", metavar="I/N",
-                       help="run only shard I of N (0-based; a hash of each stream's key)")
+                       help="run only shard I of N (0-based; a hash of each stream's key); "
+                            "the shard takes 1/N of the endpoint's concurrency")
+    batch.add_argument("--shard-concurrency", type=int, metavar="K",
+                       help="streams in flight for this shard (default: --concurrency, or "
+                            "the config's [concurrency] max, divided by N, at least 1)")
+    batch.add_argument("--run-id", metavar="ID",
+                       help="written as \"run\" in every results and scores record "
+                            "(default: the plan's fingerprint)")
     batch.add_argument("--accept-empty", action="store_true",
                        help="count a completed stream with an empty answer as done (by "
                             "default it is counted apart as empty, and redone on resume)")
@@ -115,10 +131,11 @@ def _parser() -> argparse.ArgumentParser:
                     "--score scorer, into RESULTS.scores.jsonl (or --scores). Sends no model "
                     "request except a judge's. Scores already current (same answer, same "
                     "scorer) are kept, so running it again scores only what is new; "
-                    "--rescore scores everything again. Exit status: 0 when every score was "
-                    "written and every judge answered, 1 otherwise (running again finishes), "
-                    "2 for bad usage or input, 130 after Ctrl-C (no judge is sent after it; "
-                    "those in flight are cancelled; what was scored stays).")
+                    "--rescore scores everything again. After Ctrl-C or SIGTERM no judge is "
+                    "sent; those in flight are cancelled; what was scored stays. A unit is "
+                    "a score to write; a judge the server refuses as sent (HTTP 4xx) fails "
+                    "for good (1), any other judge failure or a write error is left (75).",
+        epilog=EXIT_TABLE, formatter_class=_TableEpilog)
     score.add_argument("results", metavar="RESULTS.jsonl")
     score.add_argument("--score", dest="scorers", action="append", default=[], metavar="NAME",
                        required=True, help="a [[scorers]] name of the config or a builtin "
@@ -295,8 +312,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _batch(args: argparse.Namespace) -> int:
+    from ..store.results import parse_shard
     from .batch import BatchOptions, run_batch
-    from .results import parse_shard
 
     shard = None
     if args.shard is not None:
@@ -308,7 +325,8 @@ def _batch(args: argparse.Namespace) -> int:
     return run_batch(BatchOptions(
         prompts=args.prompts, output=args.output, models=tuple(args.models),
         samples=args.samples, concurrency=args.concurrency,
-        per_model_concurrency=args.per_model_concurrency, shard=shard, config=args.config,
+        per_model_concurrency=args.per_model_concurrency, shard=shard,
+        shard_concurrency=args.shard_concurrency, run_id=args.run_id, config=args.config,
         accept_empty=args.accept_empty, scorers=tuple(args.scorers), scores=args.scores,
         budget=args.budget))
 

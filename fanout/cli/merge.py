@@ -1,7 +1,7 @@
 """``fanout merge``: the shard files of a batch into one results file, checked.
 
 The arguments and the rendering only; the merge and its check are
-``fanout.store.merge``.  What it found goes to stderr, a line each; the
+``fanout.batch.merge``.  What it found goes to stderr, a line each; the
 closing lines (what was written, the counts, the verdict) to stdout.
 """
 
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from .._exceptions import ConfigError
 
 if TYPE_CHECKING:
-    from ..store.merge import MergeReport
+    from ..batch.shards import MergeReport
 
 __all__ = ["add_parser", "render", "run_merge"]
 
@@ -64,7 +64,7 @@ def add_parser(commands: Any) -> None:
 def run_merge(args: argparse.Namespace, *, stdout: TextIO | None = None,
               stderr: TextIO | None = None) -> int:
     """Run ``fanout merge``; returns its exit status."""
-    from ..store.merge import merge
+    from ..batch.shards import merge
     from .report import printable
 
     out, err = stdout or sys.stdout, stderr or sys.stderr
@@ -95,7 +95,7 @@ def _plural(count: int, one: str, several: str | None = None) -> str:
 
 def render(report: MergeReport) -> tuple[list[str], list[str]]:
     """What the merge found (a line each), and its closing lines."""
-    from ..store.merge import EXIT_COMPLETE, EXIT_FAILED
+    from ..batch.shards import EXIT_COMPLETE, EXIT_FAILED
 
     notes: list[str] = []
     for torn in report.torn:

@@ -47,9 +47,9 @@ from rich.table import Table
 from rich.text import Text
 
 from ..files import NotRegularFile, read_small
+from ..store.results import STATES, RecordReader, state_of, work_key
 from .common import format_seconds
-from .render import inert
-from .results import STATES, RecordReader, state_of, work_key
+from .render import pair_lines, printable
 
 if TYPE_CHECKING:
     from ..eval.aggregate import By, Interval
@@ -63,15 +63,6 @@ SHOWN_REASONS = 3
 KEPT_REASONS = 10
 #: The narrowest the model column gets before a layout gives up for the next one.
 MODEL_MIN = 8
-
-_SURROGATES = re.compile("[\ud800-\udfff]")
-
-
-def printable(text: str) -> str:
-    """``text`` safe for a terminal and for any encoder: escape sequences and control
-    characters removed (``inert``), lone surrogates replaced by U+FFFD."""
-    return inert(_SURROGATES.sub("\ufffd", text))
-
 
 # ------------------------------------------------------------------------ numbers
 
@@ -296,23 +287,6 @@ def _blocks(summary: Mapping[str, Mapping[str, Any]], width: int) -> list[Render
     return parts
 
 
-def pair_lines(pairs: Sequence[tuple[str, Text]], width: int) -> list[Text]:
-    """``label value`` pairs, indented, as many a line as fit in ``width`` (a pair is
-    never split): the body of a block when a table does not fit."""
-    lines = []
-    line = Text("  ")
-    for label, value in pairs:
-        pair = Text.assemble((f"{label} ", "dim"), value)
-        if line.cell_len > 2 and line.cell_len + 2 + pair.cell_len > width:
-            lines.append(line)
-            line = Text("  ")
-        elif line.cell_len > 2:
-            line.append("  ")
-        line.append_text(pair)
-    lines.append(line)
-    return lines
-
-
 def _reason_lines(summary: Mapping[str, Mapping[str, Any]]) -> list[Text]:
     lines = []
     for model, row in summary.items():
@@ -392,7 +366,7 @@ def _read_scores(path: str, explicit: bool, say: Callable[[str], None]
                  ) -> dict[tuple[str, str], dict[str, Any]] | None:
     """The latest score per (key, scorer) of ``path``; ``None`` (said) when it cannot
     be read or is not a scores file; a missing file has none unless ``explicit``."""
-    from ..eval.scores import read_scores
+    from ..store.scores import read_scores
 
     if not os.path.lexists(path):
         if explicit:
@@ -427,8 +401,8 @@ def _load_prompts(path: str, err: TextIO) -> dict[str, dict[str, Any]] | None:
     """prompt id -> what a prompts file's line says over a record (messages, and
     expected, category, tags when it has them), as ``fanout score --prompts`` reads it;
     ``None`` (said, every bad line) when the file is unusable."""
-    from ..eval.scores import as_read_back
-    from .prompts import PromptFileError, load_prompts
+    from ..store.prompts import PromptFileError, load_prompts
+    from ..store.scores import as_read_back
 
     try:
         return {str(p.id): {"messages": [dict(m) for m in p.messages],
@@ -502,7 +476,7 @@ def report(path: str, *, as_json: bool, stdout: TextIO | None = None,
            html: str | None = None, interval: Interval = "bootstrap",
            prompts: str | None = None, against_prompts: str | None = None) -> int:
     """``fanout report RESULTS.jsonl [--json]``: the summary of a results file, and with
-    scores (``scores``, else ``fanout.eval.scores.scores_path`` of ``path`` when it
+    scores (``scores``, else ``fanout.store.scores.scores_path`` of ``path`` when it
     exists) or any of ``by``, ``samples``, ``against``, ``html`` its evaluation.
 
     Without any of them the report is the summary alone (``--json``: model -> its
@@ -539,7 +513,7 @@ def report(path: str, *, as_json: bool, stdout: TextIO | None = None,
             other_overrides := _load_prompts(against_prompts, err)) is None:
         return 2
     from ..eval.aggregate import slim
-    from ..eval.scores import scores_path
+    from ..store.scores import scores_path
 
     scores_file = scores if scores is not None else str(scores_path(path))
     for flag, given, results in (("--scores", scores, path),

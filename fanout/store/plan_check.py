@@ -7,7 +7,7 @@ the whole plan, all shards) and its run.  The fingerprint hashes N and every
 whether every unit of their plan is there: the latest record of each key gives
 the pairs, and they hash to the plan's fingerprint exactly when no unit is
 missing and none of another plan is mixed in.  ``PlanTally`` does that for
-``fanout report``; ``fanout.store.merge`` for a merge.
+``fanout report``; ``fanout.batch.merge`` for a merge.
 
 Records written before these fields existed have no plan: nothing can be told
 of them but their keys.
@@ -24,7 +24,7 @@ from typing import Any
 
 import attrs
 
-from ._moved import state_of, work_key
+from .results import state_of, work_key
 
 __all__ = ["Completeness", "PlanTally", "plan_fingerprint", "record_plan", "record_shard"]
 

@@ -27,8 +27,8 @@ from rich.console import Console
 
 from fanout.cli.batch import BatchOptions, run_batch
 from fanout.cli.report import model_summary, report, summary_view
-from fanout.cli.results import RecordReader
 from fanout.records import dumps_bytes
+from fanout.store.results import RecordReader
 
 COMMAND = [sys.executable, "-m", "fanout.cli.main"]
 

@@ -1,7 +1,7 @@
 """Shard files for the merge tests, from real ``fanout batch --shard I/N`` runs against the
-embedded upstream; ``stamp`` gives their records the shard, plan and run fields of issue #20
-(what ``fanout batch`` writes once it names them: where a record has them already, they are
-checked to be these)."""
+embedded upstream.  ``stamp`` checks that their records carry the shard, plan and run that the
+merge recomputes (and gives them to records that lack them); ``unstamp`` makes files as
+``fanout batch`` wrote them before records named their shard."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fanout.cli.batch import BatchOptions, plan_work, run_batch
-from fanout.cli.prompts import load_prompts
-from fanout.cli.results import shard_of, work_key
+from fanout.batch.plan import plan_work
+from fanout.cli.batch import BatchOptions, run_batch
 from fanout.config import load_config
 from fanout.store.plan_check import plan_fingerprint
+from fanout.store.prompts import load_prompts
+from fanout.store.results import shard_of, work_key
 
 CONFIG = """
 [endpoint]
@@ -96,6 +97,14 @@ def stamp(path: str | Path, plan: str, shards: int, run: str | None = None) -> N
     path.write_text("".join(line + "\n" for line in lines))
 
 
+def unstamp(path: str | Path) -> None:
+    """Drop the shard, plan and run fields from every record of ``path``."""
+    path = Path(path)
+    lines = [{k: v for k, v in json.loads(line).items() if k not in ("shard", "plan", "run")}
+             for line in path.read_bytes().splitlines()]
+    path.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines))
+
+
 def sharded_run(tmp_path: Path, shards: int, prompts: str, config: str, *,
                 models: Sequence[str] = (), samples: int = 1, fields: bool = True,
                 folder: str = "shards", score: bool = True) -> Path:
@@ -106,10 +115,12 @@ def sharded_run(tmp_path: Path, shards: int, prompts: str, config: str, *,
     for index in range(shards):
         output = where / f"results-{index}.jsonl"
         run_shard(prompts, str(output), config, (index, shards), models, samples, score)
-        if fields:
-            for path in (output, output.with_name(f"results-{index}.scores.jsonl")):
-                if path.exists():
+        for path in (output, output.with_name(f"results-{index}.scores.jsonl")):
+            if path.exists():
+                if fields:
                     stamp(path, plan, shards)
+                else:
+                    unstamp(path)
     return where
 
 

@@ -1,4 +1,4 @@
-"""``fanout.store.merge``: shard files from real ``fanout batch --shard I/N`` runs against the
+"""``fanout.batch.merge``: shard files from real ``fanout batch --shard I/N`` runs against the
 embedded upstream, merged and checked."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from fanout import ConfigError
+from fanout.batch.shards import merge
 from fanout.cli.batch import BatchOptions, run_batch
 from fanout.cli.report import report as fanout_report
-from fanout.cli.results import read_results, shard_of
-from fanout.store.merge import merge
+from fanout.store.results import read_results, shard_of
 
 from .shards import (
     keys,

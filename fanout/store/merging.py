@@ -1,7 +1,7 @@
 """The files of a merge: its inputs read (each shard file's latest record per key,
 where its line is, a torn tail, a lock a running batch holds; a scores file given as
 results refused, or the reverse) and its outputs written whole (a temporary file
-beside, renamed over; never through a link).  ``fanout.store.merge`` is the merge."""
+beside, renamed over; never through a link).  ``fanout.batch.merge`` is the merge."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ import attrs
 
 from .._exceptions import ConfigError
 from ..files import create_new, identity, kind_of, remove_if_same, temporary_name
-from . import _moved
-from ._moved import Unreadable, answer_key, record_problem, scan, score_problem, state_of
-from ._moved import work_key as _work_key
 from .plan_check import record_plan, record_shard
+from .results import Unreadable, holder_of, lock_path, record_problem, scan, state_of
+from .results import work_key as _work_key
+from .scores import answer_key, score_problem, scores_path
 
 SCORE_LINE = "a score record"
 RESULTS_LINE = "a results record"
@@ -216,7 +216,7 @@ def find_inputs(paths: Sequence[str | os.PathLike[str]], outputs: Sequence[str]
             continue
         (scores if given.endswith(".scores.jsonl") else results).append(Input(given))
     for index, source in enumerate(results):  # each results file's scores beside it
-        beside = os.fspath(_moved.scores_path(source.path))
+        beside = os.fspath(scores_path(source.path))
         mode = stat_of(beside)
         match = next((s for s in scores if (m := stat_of(s.path)) is not None and mode is not None
                       and same_file(m, mode)), None)
@@ -264,7 +264,7 @@ def check_output(target: str) -> None:
         with open_input(target) as file:
             if locked_by_a_run(file):
                 raise ConfigError(f"{target}: in use by a running fanout batch "
-                                  f"({_moved.holder(_moved.lock_path(target))}); wait for it "
+                                  f"({holder_of(lock_path(target))}); wait for it "
                                   "to end, or name another -o")
     except ConfigError:
         raise

@@ -50,8 +50,7 @@ import attrs
 import orjson
 
 from .._exceptions import ConfigError
-from . import _moved
-from ._merge_files import (
+from ..store.merging import (
     RESULTS_LINE,
     Input,
     Slot,
@@ -67,9 +66,12 @@ from ._merge_files import (
     stat_of,
     write,
 )
-from ._moved import Unreadable, scan
-from ._moved import work_key as _work_key
-from .plan_check import plan_fingerprint
+from ..store.plan_check import plan_fingerprint
+from ..store.prompts import PromptFileError, load_prompts
+from ..store.results import Unreadable, scan, shard_of
+from ..store.results import work_key as _work_key
+from ..store.scores import scores_path
+from .plan import plan_work
 
 __all__ = ["EXIT_COMPLETE", "EXIT_FAILED", "EXIT_UNFINISHED", "Conflict", "ForeignShard",
            "MergeReport", "Torn", "merge"]
@@ -174,8 +176,8 @@ def _load_plan(prompts: str, config: str | None, models: Sequence[str],
     from ..config import load_config
 
     try:
-        loaded = _moved.load_prompts(prompts)
-    except _moved.PromptFileError as exc:
+        loaded = load_prompts(prompts)
+    except PromptFileError as exc:
         more = f" ({exc.total} bad lines)" if exc.total > 1 else ""
         raise ConfigError(f"--prompts {exc.problems[0]}{more}") from None
     settings = load_config(config)
@@ -192,7 +194,7 @@ def _load_plan(prompts: str, config: str | None, models: Sequence[str],
                                and named != default else [])
     plans = []
     for names in choices:
-        work = _moved.plan_work(loaded, settings.select(names), count, settings)
+        work = plan_work(loaded, settings.select(names), count, settings)
         plan = _Plan({unit.key: (unit.content_key, unit.model.name) for unit in work},
                      names, count)
         if shards is not None and plan_fingerprint(
@@ -225,7 +227,7 @@ def merge(inputs: Sequence[str | os.PathLike[str]], output: str | os.PathLike[st
     Returns the ``MergeReport``; raises ``ConfigError`` (one line, naming the file;
     nothing written) for a bad input, output, prompts file or config."""
     output = os.fspath(output)
-    scores_output = os.fspath(_moved.scores_path(output))
+    scores_output = os.fspath(scores_path(output))
     if config is not None and prompts is None:
         raise ConfigError("--config: the plan needs the prompts too: give --prompts")
     for target in (output, scores_output):
@@ -375,7 +377,7 @@ def _check(merged: dict[str, Slot], results: list[Input], report: MergeReport,
                 and s.last_plan == report.plan}
     report.present_shards = sorted(present)
     if plan is not None:
-        expected = {_moved.shard_of(key, shards) for key in plan.units}
+        expected = {shard_of(key, shards) for key in plan.units}
     else:
         report.fingerprint_matches = plan_fingerprint(
             [(key, slot.content_key) for key, slot in merged.items()], shards) == report.plan
