@@ -1,0 +1,114 @@
+"""examples/ray_batch.py on a local Ray, one task's worker SIGKILLed mid-way.
+
+The Ray work runs in tests/ray_harness.py inside ``unshare -rn`` (a network namespace holding
+only ``lo``): Ray listens on every interface it has, and there it has only loopback.  The
+pytest process never imports Ray (its warnings stay in the subprocess); it checks the files
+the run left: every planned unit exactly once, none lost, the retry resumed the killed
+shard's own file, and the merge equals a one-process ``fanout batch`` of the same plan.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ("slow", "slow-anthropic")  # tests/ray_harness.py's config
+PROMPTS = 40
+#: What a record must say the same in the merge as in the one-process run.
+SAME = ("outcome", "reason", "finish_reason", "text", "choices", "usage", "model_id", "api",
+        "content_key", "status", "cut")
+
+
+def _ray_missing() -> str | None:
+    probe = subprocess.run([sys.executable, "-c", "import ray"], capture_output=True,
+                           text=True, timeout=120)
+    if probe.returncode != 0:
+        last = (probe.stderr.strip().splitlines() or ["?"])[-1]
+        return f"Ray cannot be imported ({last}): pip install -e '.[ray]' (make test does)"
+    return None
+
+
+def _namespace_missing() -> str | None:
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        return "needs unshare and ip (util-linux, iproute2) to keep Ray on loopback"
+    probe = subprocess.run(["unshare", "-rn", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return (f"unshare -rn is not allowed here ({probe.stderr.strip()}): Ray listens on "
+                "every interface, so it runs only in a namespace that holds only lo")
+    return None
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _key(record: dict[str, Any]) -> tuple[str, str, int]:
+    return (str(record["id"]), record["model"], record["sample"])
+
+
+def _completed(records: list[dict[str, Any]]) -> Counter[tuple[str, str, int]]:
+    return Counter(_key(r) for r in records if r["outcome"] == "completed")
+
+
+def test_ray_batch_survives_a_killed_task(tmp_path: Path) -> None:
+    reason = _ray_missing() or _namespace_missing()
+    if reason:
+        pytest.skip(reason)
+    (tmp_path / "prompts.jsonl").write_text("".join(
+        json.dumps({"id": f"q{i}", "prompt": f"Question number {i}: tell me something."})
+        + "\n" for i in range(PROMPTS)))
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
+                                                       os.environ.get("PYTHONPATH")]))}
+    harness = subprocess.run(
+        ["unshare", "-rn", "sh", "-c", 'ip link set lo up && exec "$@"', "sh",
+         sys.executable, str(ROOT / "tests" / "ray_harness.py"), str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=170)
+    assert harness.returncode == 0, harness.stderr[-3000:]
+    report = json.loads((tmp_path / "harness.json").read_text())
+    assert report["single"]["exit"] == 0, report["single"]
+    assert report["ray"]["exit"] == 0, report["ray"]
+
+    planned = {(f"q{i}", model, 0) for i in range(PROMPTS) for model in MODELS}
+    single = {_key(r): r for r in _records(tmp_path / "single.jsonl")}
+    assert set(single) == planned
+    assert all(record["text"] for record in single.values())  # something to compare
+
+    # One task's worker was killed mid-way, and Ray ran the task again: another process
+    # took its shard file's lock, and the task ended well (the example printed its exit 0).
+    killed = report["killed"]
+    assert killed.get("pid"), f"no worker was killed: {report}"
+    assert killed["after"], f"no retry took {killed['shard']} after pid {killed['pid']}"
+    shard = tmp_path / "shards" / killed["shard"]
+    index = killed["shard"].removeprefix("results-").removesuffix(".jsonl")
+    assert f"shard {index}/4: exit 0" in report["ray"]["stdout"]
+    # The retry resumed the shard's own file: what was written before the kill is still
+    # its head, nothing completed was sent again, and the kill came before its end.
+    lines = shard.read_text().splitlines()
+    assert lines[:len(killed["kept"])] == killed["kept"]
+    shard_records = _records(shard)
+    assert max(_completed(shard_records).values()) == 1
+    assert len(killed["kept"]) < len(_completed(shard_records))
+
+    # The shards together: every planned unit completed in exactly one of them.
+    across: Counter[tuple[str, str, int]] = Counter()
+    for path in sorted((tmp_path / "shards").glob("results-*.jsonl")):
+        across.update(_completed(_records(path)))
+    assert set(across) == planned
+    assert set(across.values()) == {1}
+
+    # The merge: every unit exactly once, none lost, equal to the one-process run.
+    merged_records = _records(tmp_path / "merged.jsonl")
+    assert Counter(map(_key, merged_records)) == Counter(planned)
+    for record in merged_records:
+        alone = single[_key(record)]
+        assert {f: record.get(f) for f in SAME} == {f: alone.get(f) for f in SAME}, _key(record)
