@@ -19,9 +19,10 @@ good (exit 1), that the budget stopped (exit 3), or whose input is wrong (exit 2
 retried.  Running the script again with the same arguments resumes every shard.
 
 The shard files must be on storage every node sees (one machine, NFS, a shared volume): the
-paths are made absolute here, as the driver sees them.  The exit status is the merge's (0
-complete, 1 units failed, 75 work left: run the same command again), or 2 when a shard
-refused its input.
+paths are made absolute here, as the driver sees them.  The exit status is the worst of the
+shards' and the merge's, in fanout's table: 2 a shard refused its input, 75 work is left (run
+the same command again), 3 the budget stopped a shard, 1 units failed in ways a rerun will
+not fix, 0 every unit done.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ from fanout.store import merge
 WORK_LEFT = 75
 #: Input or config that is wrong: every retry would fail the same way.
 USAGE = 2
+#: The budget stopped the run.
+BUDGET = 3
 
 
 class WorkLeft(Exception):
@@ -89,25 +92,31 @@ def run(args: argparse.Namespace) -> int:
     Path(args.shard_dir).mkdir(parents=True, exist_ok=True)
     task = run_shard.options(max_retries=args.retries)
     pending = {task.remote(shard_options(args, i)): i for i in range(args.shards)}
-    refused = False
+    codes: set[int] = set()  # the shards' exit statuses
     while pending:
         [ready], _ = ray.wait(list(pending), num_returns=1)
         index = pending.pop(ready)
         name = f"shard {index}/{args.shards}"
         try:
-            print(f"{name}: {describe(ray.get(ready))}", flush=True)
+            summary = ray.get(ready)
         except ray.exceptions.RayTaskError as exc:  # raised in the task, retries spent
             cause = exc.cause
-            refused |= isinstance(cause, Refused)
+            codes.add(USAGE if isinstance(cause, Refused) else WORK_LEFT)
             print(f"{name}: {type(cause).__name__}: {cause}", flush=True)
         except ray.exceptions.RayError as exc:  # its workers died more often than retried
+            codes.add(WORK_LEFT)
             print(f"{name}: {type(exc).__name__}: its worker died "
                   f"{args.retries + 1} times", flush=True)
-    if refused:
+        else:
+            codes.add(int(summary.exit_code))
+            print(f"{name}: {describe(summary)}", flush=True)
+    if USAGE in codes:
+        print("a shard refused its input: fix it, then run the same command again")
         return USAGE
     report = merge([args.shard_dir], args.output, prompts=args.prompts, config=args.config)
+    codes.add(int(report.exit_code))
     verdict = {0: "complete", 1: "complete, some units failed"}.get(
-        int(report.exit_code), "incomplete: run the same command again")
+        int(report.exit_code), "incomplete")
     print(f"merged {args.shard_dir} into {args.output}: {verdict}", flush=True)
     for what, items in (("missing units", report.missing_keys),
                         ("conflicting units", report.conflicts),
@@ -119,7 +128,16 @@ def run(args: argparse.Namespace) -> int:
         if items:
             shown = ", ".join(map(str, list(items)[:5]))
             print(f"  {len(items)} {what}: {shown}{', ...' if len(items) > 5 else ''}")
-    return int(report.exit_code)
+    # The worst of the shards and the merge, in the order of what it asks of the user.
+    for code, advice in ((USAGE, "fix the input"),
+                         (WORK_LEFT, "work is left: run the same command again "
+                                     "(each shard resumes its file)"),
+                         (BUDGET, "the budget stopped a shard"),
+                         (1, "some units failed in ways a rerun will not fix")):
+        if code in codes:
+            print(f"exit {code}: {advice}", flush=True)
+            return code
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,10 +9,13 @@ WORKDIR holds ``prompts.jsonl``; this script, in order:
 1. starts the embedded upstream (``fanout mock``, loopback, port 0) and writes
    ``config.toml`` naming it (its concurrency shared by the shards);
 2. runs the plan in one process with ``fanout batch`` into ``single.jsonl``;
-3. runs ``examples/ray_batch.py`` (a local Ray of 2 CPUs) into ``merged.jsonl`` and
-   ``shards/``, and meanwhile SIGKILLs one task's worker once its shard file holds
+3. runs ``examples/ray_batch.py`` (a local Ray of 2 CPUs, 4 shards) into ``merged.jsonl``
+   and ``shards/``, and meanwhile SIGKILLs one task's worker once its shard file holds
    ``KILL_AFTER`` records: the worker is the pid in the shard's lock file, and must be a
-   Ray worker running ``run_shard``; then it watches that lock file for the retry's pid.
+   Ray worker running ``run_shard``; then it watches that lock file for the retry's pid;
+4. runs it with a model the upstream always refuses (HTTP 400: exit 1, not retried) into
+   ``for-good/``, and against a loopback port nothing listens on (connection refused: exit
+   75, retried) into ``refused/``.
 
 What happened goes to ``WORKDIR/harness.json`` (the test asserts on it and the files).
 """
@@ -24,6 +27,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -50,6 +54,9 @@ first_token = 20
 idle = 10
 total = 60
 
+[batch]
+models = ["slow", "slow-anthropic"]
+
 [[models]]
 name = "slow"
 id = "mock/slow"
@@ -60,6 +67,10 @@ name = "slow-anthropic"
 id = "mock/slow"
 api = "anthropic"
 params = {{ max_tokens = 8 }}
+
+[[models]]
+name = "bad"
+id = "fault/400"
 """
 
 
@@ -110,6 +121,17 @@ def kill_one(shards: Path, done: threading.Event, seen: dict[str, Any]) -> None:
         time.sleep(0.01)
 
 
+def example(workdir: Path, env: dict[str, str], *args: str) -> dict[str, Any]:
+    """Run examples/ray_batch.py on the prompts with ``args``; what it said and did."""
+    started = time.monotonic()
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "ray_batch.py"), "prompts.jsonl",
+         "--num-cpus", "2", *args], cwd=workdir, env=env, capture_output=True, text=True,
+        timeout=120)
+    return {"exit": run.returncode, "stdout": run.stdout, "stderr": run.stderr[-4000:],
+            "seconds": round(time.monotonic() - started, 2)}
+
+
 def main(workdir: Path) -> None:
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0",
            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
@@ -121,10 +143,14 @@ def main(workdir: Path) -> None:
     report: dict[str, Any] = {"killed": {}}
     upstream = subprocess.Popen([sys.executable, "-c", CLI, "mock", "--port", "0"],
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    closed = socket.socket()  # bound, never listening: every connection to it is refused
+    closed.bind(("127.0.0.1", 0))
     try:
         assert upstream.stdout is not None
         base_url = upstream.stdout.readline().strip()
         (workdir / "config.toml").write_text(CONFIG.format(base_url=base_url))
+        refused_url = f"http://127.0.0.1:{closed.getsockname()[1]}/v1"
+        (workdir / "refused.toml").write_text(CONFIG.format(base_url=refused_url))
         started = time.monotonic()
         single = subprocess.run(
             [sys.executable, "-c", CLI, "batch", "prompts.jsonl", "-o", "single.jsonl",
@@ -137,20 +163,21 @@ def main(workdir: Path) -> None:
         killer = threading.Thread(target=kill_one,
                                   args=(workdir / "shards", done, report["killed"]))
         killer.start()
-        started = time.monotonic()
         try:
-            ray = subprocess.run(
-                [sys.executable, str(ROOT / "examples" / "ray_batch.py"), "prompts.jsonl",
-                 "-o", "merged.jsonl", "--shard-dir", "shards", "--shards", "4",
-                 "--num-cpus", "2", "--retries", "2", "--config", "config.toml"],
-                cwd=workdir, env=env, capture_output=True, text=True, timeout=120)
+            report["ray"] = example(workdir, env, "-o", "merged.jsonl", "--shard-dir",
+                                    "shards", "--shards", "4", "--retries", "2",
+                                    "--config", "config.toml")
         finally:
             done.set()
             killer.join()
-        report["ray"] = {"exit": ray.returncode, "stdout": ray.stdout,
-                         "stderr": ray.stderr[-4000:],
-                         "seconds": round(time.monotonic() - started, 2)}
+        report["for_good"] = example(workdir, env, "-o", "for-good.jsonl", "--shard-dir",
+                                     "for-good", "--shards", "2", "--retries", "1",
+                                     "--config", "config.toml", "-m", "bad")
+        report["refused"] = example(workdir, env, "-o", "refused.jsonl", "--shard-dir",
+                                    "refused", "--shards", "2", "--retries", "1",
+                                    "--config", "refused.toml", "-m", "slow")
     finally:
+        closed.close()
         upstream.terminate()
         upstream.wait(10)
         shutil.rmtree(ray_tmp, ignore_errors=True)

@@ -59,11 +59,14 @@ def _completed(records: list[dict[str, Any]]) -> Counter[tuple[str, str, int]]:
     return Counter(_key(r) for r in records if r["outcome"] == "completed")
 
 
-def test_ray_batch_survives_a_killed_task(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def ray_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """tests/ray_harness.py's three runs in one namespace: its directory and report."""
     reason = _ray_missing() or _namespace_missing()
     if reason:
         pytest.skip(reason)
-    (tmp_path / "prompts.jsonl").write_text("".join(
+    workdir = tmp_path_factory.mktemp("ray")
+    (workdir / "prompts.jsonl").write_text("".join(
         json.dumps({"id": f"q{i}", "prompt": f"Question number {i}: tell me something."})
         + "\n" for i in range(PROMPTS)))
     env = {**os.environ,
@@ -71,15 +74,20 @@ def test_ray_batch_survives_a_killed_task(tmp_path: Path) -> None:
                                                        os.environ.get("PYTHONPATH")]))}
     harness = subprocess.run(
         ["unshare", "-rn", "sh", "-c", 'ip link set lo up && exec "$@"', "sh",
-         sys.executable, str(ROOT / "tests" / "ray_harness.py"), str(tmp_path)],
+         sys.executable, str(ROOT / "tests" / "ray_harness.py"), str(workdir)],
         env=env, capture_output=True, text=True, timeout=170)
     assert harness.returncode == 0, harness.stderr[-3000:]
-    report = json.loads((tmp_path / "harness.json").read_text())
+    return workdir, json.loads((workdir / "harness.json").read_text())
+
+
+def test_a_killed_task_is_retried_resumes_and_merges_as_one_process(
+        ray_run: tuple[Path, dict[str, Any]]) -> None:
+    workdir, report = ray_run
     assert report["single"]["exit"] == 0, report["single"]
     assert report["ray"]["exit"] == 0, report["ray"]
 
     planned = {(f"q{i}", model, 0) for i in range(PROMPTS) for model in MODELS}
-    single = {_key(r): r for r in _records(tmp_path / "single.jsonl")}
+    single = {_key(r): r for r in _records(workdir / "single.jsonl")}
     assert set(single) == planned
     assert all(record["text"] for record in single.values())  # something to compare
 
@@ -88,7 +96,7 @@ def test_ray_batch_survives_a_killed_task(tmp_path: Path) -> None:
     killed = report["killed"]
     assert killed.get("pid"), f"no worker was killed: {report}"
     assert killed["after"], f"no retry took {killed['shard']} after pid {killed['pid']}"
-    shard = tmp_path / "shards" / killed["shard"]
+    shard = workdir / "shards" / killed["shard"]
     index = killed["shard"].removeprefix("results-").removesuffix(".jsonl")
     assert f"shard {index}/4: exit 0" in report["ray"]["stdout"]
     # The retry resumed the shard's own file: what was written before the kill is still
@@ -101,14 +109,47 @@ def test_ray_batch_survives_a_killed_task(tmp_path: Path) -> None:
 
     # The shards together: every planned unit completed in exactly one of them.
     across: Counter[tuple[str, str, int]] = Counter()
-    for path in sorted((tmp_path / "shards").glob("results-*.jsonl")):
+    for path in sorted((workdir / "shards").glob("results-*.jsonl")):
         across.update(_completed(_records(path)))
     assert set(across) == planned
     assert set(across.values()) == {1}
 
     # The merge: every unit exactly once, none lost, equal to the one-process run.
-    merged_records = _records(tmp_path / "merged.jsonl")
+    merged_records = _records(workdir / "merged.jsonl")
     assert Counter(map(_key, merged_records)) == Counter(planned)
     for record in merged_records:
         alone = single[_key(record)]
         assert {f: record.get(f) for f in SAME} == {f: alone.get(f) for f in SAME}, _key(record)
+
+
+def _attempts(directory: Path) -> Counter[tuple[str, str, int]]:
+    """How many records each unit has across a run's shard files (one per attempt)."""
+    counts: Counter[tuple[str, str, int]] = Counter()
+    for path in sorted(directory.glob("results-*.jsonl")):
+        counts.update(map(_key, _records(path)))
+    return counts
+
+
+def test_a_shard_failed_for_good_is_not_retried(ray_run: tuple[Path, dict[str, Any]]) -> None:
+    workdir, report = ray_run
+    run = report["for_good"]
+    assert run["exit"] == 1, run
+    # Every unit ran once: its task ended with exit 1, and Ray did not run it again.
+    assert _attempts(workdir / "for-good") == Counter(
+        {(f"q{i}", "bad", 0): 1 for i in range(PROMPTS)})
+    assert "WorkLeft" not in run["stdout"]
+    assert run["stdout"].count(": exit 1:") == 2  # both shards' summaries
+    assert "exit 1: some units failed" in run["stdout"]
+
+
+def test_a_shard_with_work_left_is_retried_then_says_run_again(
+        ray_run: tuple[Path, dict[str, Any]]) -> None:
+    workdir, report = ray_run
+    run = report["refused"]
+    assert run["exit"] == 75, run
+    # Every unit ran twice (--retries 1): the task ended with exit 75, Ray ran it again,
+    # and the retry resumed the same file (the first attempt's records are still there).
+    assert _attempts(workdir / "refused") == Counter(
+        {(f"q{i}", "slow", 0): 2 for i in range(PROMPTS)})
+    assert run["stdout"].count(": WorkLeft: ") == 2
+    assert "exit 75: work is left: run the same command again" in run["stdout"]
