@@ -38,6 +38,7 @@ import ray.exceptions
 import fanout
 import fanout.batch
 from fanout.batch import BatchOptions, BatchSummary
+from fanout.config import find_config
 from fanout.store import merge
 
 #: The exit code of work left that a rerun may finish (``EX_TEMPFAIL``).
@@ -75,7 +76,7 @@ def shard_options(args: argparse.Namespace, index: int) -> BatchOptions:
     return BatchOptions(prompts=str(Path(args.prompts).resolve()), output=str(output),
                         models=tuple(args.models), samples=args.samples,
                         shard=(index, args.shards),
-                        config=str(Path(args.config).resolve()) if args.config else None)
+                        config=args.config)
 
 
 def describe(summary: BatchSummary) -> str:
@@ -123,8 +124,6 @@ def run(args: argparse.Namespace) -> int:
                         ("missing or unfinished shards", report.missing_shards),
                         ("shards of another plan", report.foreign_shards),
                         ("torn lines", report.torn)):
-        if isinstance(items, int):  # a count
-            items = ["?"] * items
         if items:
             shown = ", ".join(map(str, list(items)[:5]))
             print(f"  {len(items)} {what}: {shown}{', ...' if len(items) > 5 else ''}")
@@ -158,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.shards < 1 or args.retries < 0:
         parser.error("--shards must be >= 1 and --retries >= 0")
     args.shard_dir = args.shard_dir or str(Path(args.output).with_suffix(".shards"))
+    # The config the CLI would take here (--config, else ./fanout.toml, ...), by its
+    # absolute path: a worker's directory is not the driver's.
+    found = find_config(args.config)
+    args.config = str(found.resolve()) if found is not None else None
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no telemetry unless asked
     if args.address:
         ray.init(address=args.address, log_to_driver=False)

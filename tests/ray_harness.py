@@ -13,9 +13,10 @@ WORKDIR holds ``prompts.jsonl``; this script, in order:
    and ``shards/``, and meanwhile SIGKILLs one task's worker once its shard file holds
    ``KILL_AFTER`` records: the worker is the pid in the shard's lock file, and must be a
    Ray worker running ``run_shard``; then it watches that lock file for the retry's pid;
-4. runs it with a model the upstream always refuses (HTTP 400: exit 1, not retried) into
-   ``for-good/``, and against a loopback port nothing listens on (connection refused: exit
-   75, retried) into ``refused/``.
+4. runs it on the first ``FEW`` prompts with a model the upstream always refuses (HTTP 400:
+   exit 1, not retried) into ``for-good/``, against a loopback port nothing listens on
+   (connection refused: exit 75, retried) into ``refused/``, and with a config file that is
+   not there (exit 2).
 
 What happened goes to ``WORKDIR/harness.json`` (the test asserts on it and the files).
 """
@@ -40,6 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CLI = "import sys; from fanout.cli.main import main; sys.exit(main())"
 #: Records the shard file holds before its worker is killed (its shard has ~20 units).
 KILL_AFTER = 4
+#: The prompts (the first of prompts.jsonl) of the runs that fail.
+FEW = 6
 CONFIG = """\
 [endpoint]
 base_url = "{base_url}"
@@ -121,11 +124,11 @@ def kill_one(shards: Path, done: threading.Event, seen: dict[str, Any]) -> None:
         time.sleep(0.01)
 
 
-def example(workdir: Path, env: dict[str, str], *args: str) -> dict[str, Any]:
-    """Run examples/ray_batch.py on the prompts with ``args``; what it said and did."""
+def example(workdir: Path, env: dict[str, str], prompts: str, *args: str) -> dict[str, Any]:
+    """Run examples/ray_batch.py on ``prompts`` with ``args``; what it said and did."""
     started = time.monotonic()
     run = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "ray_batch.py"), "prompts.jsonl",
+        [sys.executable, str(ROOT / "examples" / "ray_batch.py"), prompts,
          "--num-cpus", "2", *args], cwd=workdir, env=env, capture_output=True, text=True,
         timeout=120)
     return {"exit": run.returncode, "stdout": run.stdout, "stderr": run.stderr[-4000:],
@@ -148,6 +151,8 @@ def main(workdir: Path) -> None:
     try:
         assert upstream.stdout is not None
         base_url = upstream.stdout.readline().strip()
+        lines = (workdir / "prompts.jsonl").read_text().splitlines(keepends=True)
+        (workdir / "few.jsonl").write_text("".join(lines[:FEW]))
         (workdir / "config.toml").write_text(CONFIG.format(base_url=base_url))
         refused_url = f"http://127.0.0.1:{closed.getsockname()[1]}/v1"
         (workdir / "refused.toml").write_text(CONFIG.format(base_url=refused_url))
@@ -164,18 +169,21 @@ def main(workdir: Path) -> None:
                                   args=(workdir / "shards", done, report["killed"]))
         killer.start()
         try:
-            report["ray"] = example(workdir, env, "-o", "merged.jsonl", "--shard-dir",
-                                    "shards", "--shards", "4", "--retries", "2",
-                                    "--config", "config.toml")
+            report["ray"] = example(workdir, env, "prompts.jsonl", "-o", "merged.jsonl",
+                                    "--shard-dir", "shards", "--shards", "4",
+                                    "--retries", "2", "--config", "config.toml")
         finally:
             done.set()
             killer.join()
-        report["for_good"] = example(workdir, env, "-o", "for-good.jsonl", "--shard-dir",
-                                     "for-good", "--shards", "2", "--retries", "1",
-                                     "--config", "config.toml", "-m", "bad")
-        report["refused"] = example(workdir, env, "-o", "refused.jsonl", "--shard-dir",
-                                    "refused", "--shards", "2", "--retries", "1",
-                                    "--config", "refused.toml", "-m", "slow")
+        failing = ("few.jsonl", "--shards", "2", "--retries", "1")
+        report["for_good"] = example(workdir, env, *failing, "-o", "for-good.jsonl",
+                                     "--shard-dir", "for-good", "--config", "config.toml",
+                                     "-m", "bad")
+        report["refused"] = example(workdir, env, *failing, "-o", "refused.jsonl",
+                                    "--shard-dir", "refused", "--config", "refused.toml",
+                                    "-m", "slow")
+        report["no_config"] = example(workdir, env, *failing, "-o", "no-config.jsonl",
+                                      "--shard-dir", "no-config", "--config", "missing.toml")
     finally:
         closed.close()
         upstream.terminate()

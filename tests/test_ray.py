@@ -23,6 +23,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ("slow", "slow-anthropic")  # tests/ray_harness.py's config
 PROMPTS = 40
+FEW = 6  # the prompts of the runs that fail (tests/ray_harness.py)
 #: What a record must say the same in the merge as in the one-process run.
 SAME = ("outcome", "reason", "finish_reason", "text", "choices", "usage", "model_id", "api",
         "content_key", "status", "cut")
@@ -136,7 +137,7 @@ def test_a_shard_failed_for_good_is_not_retried(ray_run: tuple[Path, dict[str, A
     assert run["exit"] == 1, run
     # Every unit ran once: its task ended with exit 1, and Ray did not run it again.
     assert _attempts(workdir / "for-good") == Counter(
-        {(f"q{i}", "bad", 0): 1 for i in range(PROMPTS)})
+        {(f"q{i}", "bad", 0): 1 for i in range(FEW)})
     assert "WorkLeft" not in run["stdout"]
     assert run["stdout"].count(": exit 1:") == 2  # both shards' summaries
     assert "exit 1: some units failed" in run["stdout"]
@@ -150,6 +151,21 @@ def test_a_shard_with_work_left_is_retried_then_says_run_again(
     # Every unit ran twice (--retries 1): the task ended with exit 75, Ray ran it again,
     # and the retry resumed the same file (the first attempt's records are still there).
     assert _attempts(workdir / "refused") == Counter(
-        {(f"q{i}", "slow", 0): 2 for i in range(PROMPTS)})
+        {(f"q{i}", "slow", 0): 2 for i in range(FEW)})
     assert run["stdout"].count(": WorkLeft: ") == 2
     assert "exit 75: work is left: run the same command again" in run["stdout"]
+
+
+def test_a_shard_refusing_its_input_says_why_and_nothing_is_merged(
+        ray_run: tuple[Path, dict[str, Any]]) -> None:
+    workdir, report = ray_run
+    run = report["no_config"]
+    assert run["exit"] == 2, run
+    # Each task's ConfigError came back once, as its one line naming the file.
+    refusals = [line for line in run["stdout"].splitlines() if ": Refused: " in line]
+    assert len(refusals) == 2, run["stdout"]
+    assert all("missing.toml" in line for line in refusals)
+    assert "Traceback" not in run["stdout"] + run["stderr"]
+    assert "a shard refused its input" in run["stdout"]
+    assert not (workdir / "no-config.jsonl").exists()
+    assert not list((workdir / "no-config").glob("*.jsonl"))
