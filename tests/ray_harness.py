@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -39,8 +40,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = "import sys; from fanout.cli.main import main; sys.exit(main())"
-#: Records the shard file holds before its worker is killed (its shard has ~20 units).
-KILL_AFTER = 4
+#: Records the shard file holds before its worker is killed (its shard has ~20 units):
+#: a different point each run.
+KILL_AFTER = random.randint(2, 8)
 #: The prompts (the first of prompts.jsonl) of the runs that fail.
 FEW = 6
 CONFIG = """\
@@ -113,7 +115,7 @@ def kill_one(shards: Path, done: threading.Event, seen: dict[str, Any]) -> None:
             if len(lines) >= KILL_AFTER and pid is not None and runs_shard(pid):
                 os.kill(pid, signal.SIGKILL)
                 target = shard
-                seen.update(shard=shard.name, pid=pid, before=len(complete_lines(shard)),
+                seen.update(shard=shard.name, pid=pid, kill_after=KILL_AFTER, before=len(complete_lines(shard)),
                             kept=[line.decode() for line in lines], after=[])
                 break
         time.sleep(0.01)
