@@ -9,7 +9,7 @@ STAMP   = $(VENV)/.installed-dev
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,ray]'
 	touch $(STAMP)
 
 ## make browser: Debian's chromium for the page's test in tests/serve/test_browser.py,
