@@ -25,8 +25,7 @@ from fanout.cli.init import InitOptions, run_init
 from fanout.cli.main import main
 from fanout.cli.models import ModelsOptions, run_models
 from fanout.config import parse_config
-from fanout.upstream import RunningUpstream
-from fanout.upstream.models import MODELS
+from fanout.upstream import MODELS, RunningUpstream
 from tests.net.test_first_errors import closed_port
 from tests.serve.helpers import serving
 
