@@ -2,14 +2,22 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
+# What `make demo` runs (the package and the service) and, on top, what `make test` needs
+# (linters, test tools, the SDKs the tests compare against, Ray, the docs' builder).
+RUN     = $(VENV)/.installed-run
 STAMP   = $(VENV)/.installed-dev
 
 .PHONY: test demo docs lint typecheck bench clean browser haproxy
 
-$(STAMP): pyproject.toml
+$(RUN): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	@echo "installing fanout and its service (pip install -e '.[serve]') into $(VENV)"
+	$(PY) -m pip install --quiet -e '.[serve]'
+	touch $(RUN)
+
+$(STAMP): $(RUN) pyproject.toml
+	@echo "installing the test and lint tools, Ray and the docs builder (pip install -e '.[dev,ray]') into $(VENV)"
+	$(PY) -m pip install --quiet -e '.[dev,ray]'
 	touch $(STAMP)
 
 ## make browser: Debian's chromium for the page's test in tests/serve/test_browser.py,
@@ -18,8 +26,9 @@ $(STAMP): pyproject.toml
 CHROMIUM ?= /usr/bin/chromium
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 browser:
-	@test -x $(CHROMIUM) || { $(SUDO) apt-get update -q && \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q chromium; }
+	@test -x $(CHROMIUM) || { echo "installing chromium and a font (apt, without recommended packages): tests/serve/test_browser.py and tests/eval/test_html_browser.py drive it"; \
+	  $(SUDO) apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends chromium fonts-liberation; }
 
 ## make haproxy: Debian's haproxy for tests/serve/test_haproxy.py, which runs
 ## examples/haproxy.cfg in front of two replicas of `fanout serve`; installed only when
@@ -45,7 +54,7 @@ test: $(STAMP) browser haproxy docs
 ## make demo: `fanout compare` with config/default.toml: one prompt, four models of the
 ## embedded upstream streaming side by side.  No key, no network.
 DEMO_PROMPT ?= Tell me about rivers, in a few sentences.
-demo: $(STAMP)
+demo: $(RUN)
 	$(VENV)/bin/fanout compare "$(DEMO_PROMPT)" --config config/default.toml
 
 ## make bench: the benchmarks of bench/, each printing its table.

@@ -28,12 +28,14 @@ import tempfile
 import time
 from typing import Any
 
+import fanout.batch.runner as run_module
 import fanout.cli.batch as batch_module
+from fanout.batch.session import Session
 
 MODES = ("clean", "broken", "relay")
 
 
-class _Watched(batch_module._Session):
+class _Watched(Session):
     """The batch session, keeping its endpoint limit for the report."""
 
     last: Any = None
@@ -79,7 +81,7 @@ def main() -> None:
     parser.add_argument("--cadence", type=float, default=0.02)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    batch_module._Session = _Watched  # type: ignore[misc]
+    run_module.Session = _Watched  # type: ignore[misc]
     units = args.prompts * args.models
     print(f"{units} units at --concurrency {args.concurrency}, {args.tokens} tokens at "
           f"{args.cadence}s a chunk; serial floor {units * args.tokens * args.cadence:.1f}s")

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, final
 
 if TYPE_CHECKING:
-    from .core.sse import ServerSentEvent
+    from .core._sse_event import ServerSentEvent
 
 __all__ = [
     "ConfigError",

@@ -69,7 +69,9 @@ variable that is not set is a ``ConfigError`` with one line naming the file
 and the key.  So is a parameter the model's dialect does not have
 (``n`` for an ``api = "anthropic"`` model, ...: see ``fanout.bodies``).
 Without ``base_url``, ``OPENAI_BASE_URL`` is used; without ``api_key_env``,
-``OPENAI_API_KEY`` (if set).  The key itself never goes in
+``OPENAI_API_KEY`` (if set).  On such a real endpoint, ``-m`` takes any model
+id without a ``[[models]]`` entry (``Config.model``); an entry adds a name,
+params, a price and a dialect.  The key itself never goes in
 a config file, and no error ever prints a variable's value.
 """
 
@@ -96,37 +98,17 @@ from .request import Deadlines, Endpoint
 if TYPE_CHECKING:
     from .eval.scorers import Scorer
 
-__all__ = ["EMBEDDED", "REPLICA_NAME", "Config", "ModelConfig", "ScorerConfig", "ServeConfig",
-           "check_tools", "find_config", "load_config", "parse_config", "read_tools"]
+__all__ = ["DEFAULT_CONFIG", "EMBEDDED", "ENVIRONMENT_SOURCE", "REPLICA_NAME", "Config",
+           "ModelConfig", "ScorerConfig", "ServeConfig", "check_tools", "find_config",
+           "load_config", "parse_config", "read_tools"]
 
 #: ``base_url = "embedded"``: start the embedded upstream in-process (no key, no network).
 EMBEDDED = "embedded"
 
-#: Where a checkout keeps its default config (absent from an installed wheel).
-CHECKOUT_DEFAULT = Path(__file__).resolve().parent.parent / "config" / "default.toml"
-
-_BUILTIN = """\
-# The built-in default: the embedded upstream and three of its models.
-[endpoint]
-base_url = "embedded"
-
-[deadlines]
-first_token = 30
-idle = 20
-total = 120
-
-[[models]]
-name = "fast"
-id = "mock/fast"
-
-[[models]]
-name = "reasoning"
-id = "mock/reasoning"
-
-[[models]]
-name = "tools"
-id = "mock/tools"
-"""
+#: The default config, inside the package (so it is there after ``pip install``, from any
+#: folder): the embedded upstream and the models and scorers the README's examples use.
+#: The checkout's ``config/default.toml`` is the same file (a test keeps them identical).
+DEFAULT_CONFIG = Path(__file__).resolve().parent / "data" / "default.toml"
 
 _DEADLINES = ("connect", "first_byte", "first_token", "idle", "total")
 # Request parameters people put next to ``id`` instead of under ``params``.
@@ -137,6 +119,8 @@ _PARAM_NAMES = frozenset({
 })
 _RESERVED_PARAMS = ("model", "messages", "stream", "tools")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+#: A model id taken as it is on a real endpoint: printable, no spaces, at most 256.
+_AD_HOC_ID = re.compile(r"[!-~\u00a0-\U0010ffff]{1,256}\Z")
 # A browser origin as it sends it: scheme://host[:port], a bracketed IPv6 host allowed.
 #: ``[serve] replica``: safe in a URL path, a fan-out id and a load balancer's config.
 REPLICA_NAME = re.compile(r"[A-Za-z0-9_-]{1,63}\Z")
@@ -260,8 +244,21 @@ class Config:
         """True when the endpoint is the in-process embedded upstream."""
         return self.base_url == EMBEDDED
 
-    def model(self, name: str) -> ModelConfig:
-        """The model called ``name`` (or, failing that, with id ``name``)."""
+    def real_endpoint(self, environ: Mapping[str, str] | None = None) -> bool:
+        """True when the endpoint is a server of yours (``[endpoint] base_url``, else
+        ``OPENAI_BASE_URL``), not the embedded upstream (nor none at all)."""
+        env = os.environ if environ is None else environ
+        base_url = self.base_url or env.get("OPENAI_BASE_URL") or None
+        return base_url is not None and base_url != EMBEDDED
+
+    def model(self, name: str, *, environ: Mapping[str, str] | None = None) -> ModelConfig:
+        """The model called ``name`` (or, failing that, with id ``name``).
+
+        Without such an entry: on a real endpoint (``real_endpoint(environ)``), any
+        model id, sent as it is (its name is its id; its dialect ``[endpoint] api``);
+        on the embedded upstream, any of its model ids; else ``ConfigError`` naming
+        the known models (and the closest one).
+        """
         for model in self.models:
             if model.name == name:
                 return model
@@ -270,19 +267,25 @@ class Config:
                 return model
         if self.embedded and _is_embedded_model(name):
             return ModelConfig(name=name, id=name, api=self.api)  # any embedded model, ad hoc
+        if _AD_HOC_ID.match(name) and self.real_endpoint(environ):
+            return ModelConfig(name=name, id=name, api=self.api)  # any id of the endpoint's
         known = ", ".join(m.name for m in self.models) or "none"
         hint = _did_you_mean(name, [m.name for m in self.models])
-        raise ConfigError(f"{self.source}: no model named {name!r}{hint} (known: {known})")
+        raise ConfigError(f"{self.source}: no model named {_kind(name)}{hint} (known: {known})")
 
-    def select(self, names: Iterable[str] = (), *, default: Iterable[str] = ()
-               ) -> tuple[ModelConfig, ...]:
-        """The models ``names`` ask for; without names, ``default``, else all of them."""
+    def select(self, names: Iterable[str] = (), *, default: Iterable[str] = (),
+               environ: Mapping[str, str] | None = None) -> tuple[ModelConfig, ...]:
+        """The models ``names`` ask for (see ``model``); without names, ``default``,
+        else all of them."""
         wanted = list(names) or list(default) or [m.name for m in self.models]
         if not wanted:
+            if self.real_endpoint(environ):
+                raise ConfigError(f"{self.source}: no model to run: give -m ID (any model "
+                                  "id of the endpoint; `fanout models` lists them)")
             raise ConfigError(f"{self.source}: no [[models]] to run")
         chosen: list[ModelConfig] = []
         for name in wanted:
-            model = self.model(name)
+            model = self.model(name, environ=environ)
             if any(c.name == model.name for c in chosen):
                 raise ConfigError(f"model {model.name!r} is asked for twice")
             chosen.append(model)
@@ -335,26 +338,40 @@ class Config:
 
 
 def find_config(explicit: str | os.PathLike[str] | None = None,
-                cwd: str | os.PathLike[str] | None = None) -> Path | None:
+                cwd: str | os.PathLike[str] | None = None) -> Path:
     """The config file to use: ``explicit``, else ``./fanout.toml``, else the
-    checkout's ``config/default.toml``; ``None`` means the built-in default."""
+    packaged default (``DEFAULT_CONFIG``)."""
     if explicit is not None:
         return Path(explicit)
     local = Path(cwd if cwd is not None else ".") / "fanout.toml"
     if local.is_file():
         return local
-    if CHECKOUT_DEFAULT.is_file():
-        return CHECKOUT_DEFAULT
-    return None
+    return DEFAULT_CONFIG
+
+
+#: ``Config.source`` of the packaged default given over to ``OPENAI_BASE_URL``.
+ENVIRONMENT_SOURCE = "OPENAI_BASE_URL (no config file)"
 
 
 def load_config(path: str | os.PathLike[str] | None = None, *,
-                cwd: str | os.PathLike[str] | None = None) -> Config:
-    """Find (see ``find_config``), read and check a config; ``ConfigError`` if it is wrong."""
+                cwd: str | os.PathLike[str] | None = None,
+                environ: Mapping[str, str] | None = None) -> Config:
+    """Find (see ``find_config``), read and check a config; ``ConfigError`` if it is wrong.
+
+    The packaged default is the embedded upstream's, unless ``OPENAI_BASE_URL`` is set
+    (in ``environ``, else ``os.environ``): no config file was chosen, so that endpoint
+    is the one, with any model id for ``-m`` and none of the default's models (they
+    are the embedded upstream's) nor its judges; its deadlines, concurrency and other
+    scorers stay.  A config file that names its ``base_url`` always wins.
+    """
     found = find_config(path, cwd)
-    if found is None:
-        return parse_config(_BUILTIN, "<built-in default>")
-    return parse_config(_read_text(found, "config"), str(found))
+    config = parse_config(_read_text(found, "config"), str(found))
+    env = os.environ if environ is None else environ
+    if found == DEFAULT_CONFIG and env.get("OPENAI_BASE_URL"):
+        return attrs.evolve(config, source=ENVIRONMENT_SOURCE, base_url=None, models=(),
+                            compare=(), batch=(), compare_tools=None,
+                            scorers=tuple(s for s in config.scorers if s.kind != "judge"))
+    return config
 
 
 def _read_text(path: Path, what: str) -> str:
@@ -820,7 +837,7 @@ def _check_url(url: str, where: str) -> None:
 
 
 def _is_embedded_model(name: str) -> bool:
-    from .upstream.models import MODELS  # only when the endpoint is the embedded one
+    from .upstream.catalog import MODELS  # only when the endpoint is the embedded one
 
     base = name.split("@", 1)[0].split(":", 1)[0]
     return base in MODELS or (base.startswith("replay/") and len(base) > len("replay/"))

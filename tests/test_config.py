@@ -45,23 +45,43 @@ def test_the_shipped_configs_load() -> None:
     assert len({m.id for m in relay.models}) == len(relay.models)
 
 
-def test_the_built_in_default_is_embedded(monkeypatch: pytest.MonkeyPatch,
-                                          tmp_path: Path) -> None:
-    monkeypatch.setattr(config_module, "CHECKOUT_DEFAULT", tmp_path / "absent.toml")
-    config = load_config(cwd=tmp_path)
-    assert config.source == "<built-in default>"
+def test_the_default_ships_inside_the_package_as_the_checkouts_file(tmp_path: Path) -> None:
+    assert config_module.DEFAULT_CONFIG.parent.parent == Path(config_module.__file__).parent
+    assert config_module.DEFAULT_CONFIG.read_bytes() == (ROOT / "config/default.toml").read_bytes()
+    config = load_config(cwd=tmp_path, environ={})  # no fanout.toml here
+    assert config.source == str(config_module.DEFAULT_CONFIG)
     assert config.embedded and config.endpoint({}) is None
-    assert [m.id for m in config.models] == ["mock/fast", "mock/reasoning", "mock/tools"]
+    # What the README's examples name: the models and the scorers.
+    names = {m.name for m in config.models}
+    assert {"writer", "thinker", "tools", "smollm2", "echo", "flaky", "judge"} <= names
+    assert {s.name for s in config.scorers} >= {"exact-ci", "has-answer", "judged"}
 
 
-def test_lookup_order(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    checkout = tmp_path / "checkout.toml"
-    checkout.write_text(MINIMAL)
-    monkeypatch.setattr(config_module, "CHECKOUT_DEFAULT", checkout)
-    assert find_config(None, tmp_path) == checkout
+def test_lookup_order(tmp_path: Path) -> None:
+    assert find_config(None, tmp_path) == config_module.DEFAULT_CONFIG
     (tmp_path / "fanout.toml").write_text(MINIMAL)
     assert find_config(None, tmp_path) == tmp_path / "fanout.toml"
     assert find_config("other.toml", tmp_path) == Path("other.toml")
+
+
+def test_openai_base_url_takes_over_the_packaged_default_only(tmp_path: Path) -> None:
+    environ = {"OPENAI_BASE_URL": "http://127.0.0.1:9/v1"}
+    config = load_config(cwd=tmp_path, environ=environ)
+    assert config.source == config_module.ENVIRONMENT_SOURCE
+    assert not config.embedded and config.real_endpoint(environ)
+    endpoint = config.endpoint(environ)
+    assert endpoint is not None and endpoint.base_url == "http://127.0.0.1:9/v1"
+    # The default's models are the embedded upstream's: not sent to a real endpoint.
+    assert config.models == () and config.compare == () and config.batch == ()
+    assert config.select(["writer"], environ=environ)[0].id == "writer"
+    with pytest.raises(ConfigError, match="no model to run: give -m ID"):
+        config.select(environ=environ)
+    assert {s.name for s in config.scorers} >= {"exact-ci", "has-answer"}
+    assert all(s.kind != "judge" for s in config.scorers)
+    # A config chosen (--config, ./fanout.toml) with base_url = "embedded" stays embedded.
+    assert load_config(ROOT / "config/default.toml", environ=environ).embedded
+    (tmp_path / "fanout.toml").write_text(f"[endpoint]\nbase_url = '{EMBEDDED}'\n")
+    assert load_config(cwd=tmp_path, environ=environ).embedded
 
 
 def test_a_full_config() -> None:
@@ -180,13 +200,44 @@ def test_openai_variables_are_the_fallbacks() -> None:
 
 
 def test_unknown_models_list_the_known_ones() -> None:
-    config = parse_config(MINIMAL + "[[models]]\nname = 'alpha'\nid = 'v/alpha'\n", "cfg.toml")
+    config = parse_config("[endpoint]\nbase_url = 'embedded'\n[[models]]\nname = 'a'\n"
+                          "id = 'mock/fast'\n[[models]]\nname = 'alpha'\nid = 'mock/echo'\n",
+                          "cfg.toml")
     with pytest.raises(ConfigError) as caught:
         config.model("alpah")
     assert str(caught.value) == ("cfg.toml: no model named 'alpah' (did you mean 'alpha'?) "
                                  "(known: a, alpha)")
     with pytest.raises(ConfigError, match="model 'a' is asked for twice"):
-        config.select(["a", "vendor/model-a"])
+        config.select(["a", "mock/fast"])
+    with pytest.raises(ConfigError, match="no model named a string of 300 characters"):
+        config.model("x" * 300)
+
+
+def test_a_real_endpoint_takes_any_model_id() -> None:
+    config = parse_config(MINIMAL + "price = { input = 1, output = 2 }\n", "cfg.toml")
+    # An id without an entry: its name is its id, its dialect [endpoint] api (chat).
+    adhoc = config.model("gpt-4o", environ={})
+    assert (adhoc.name, adhoc.id, adhoc.api, adhoc.price, dict(adhoc.params)) == (
+        "gpt-4o", "gpt-4o", "chat", None, {})
+    # An entry still adds a name, params, a price and a dialect; found by id too.
+    assert config.model("a").price is not None
+    assert config.model("vendor/model-a").name == "a"
+    assert [m.name for m in config.select(["a", "meta-llama/Llama-3.1-8B:free"],
+                                          environ={})] == ["a", "meta-llama/Llama-3.1-8B:free"]
+    # No id has spaces or control characters: those are still unknown names.
+    for bad in ("two words", "tab\there", ""):
+        with pytest.raises(ConfigError, match="no model named"):
+            config.model(bad, environ={})
+    responses = parse_config(MINIMAL.replace('api_key_env', 'api = "responses"\napi_key_env'))
+    assert responses.model("o3", environ={}).api == "responses"
+    # Without a base_url in the file, OPENAI_BASE_URL decides.
+    bare = parse_config("[[models]]\nname = 'a'\nid = 'x'\n", "bare.toml")
+    assert bare.model("gpt-4o", environ={"OPENAI_BASE_URL": "http://h/v1"}).id == "gpt-4o"
+    with pytest.raises(ConfigError, match=r"bare.toml: no model named 'gpt-4o' \(known: a\)"):
+        bare.model("gpt-4o", environ={})
+    embedded = parse_config("[endpoint]\nbase_url = 'embedded'\n", "e.toml")
+    with pytest.raises(ConfigError, match="no model named 'gpt-4o'"):
+        embedded.model("gpt-4o", environ={"OPENAI_BASE_URL": "http://h/v1"})
 
 
 def test_the_embedded_endpoint_takes_any_embedded_model() -> None:

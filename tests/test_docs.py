@@ -10,12 +10,12 @@ import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest
 
-import fanout
 from fanout import ConfigError
 from fanout.config import parse_config
 
@@ -136,9 +136,13 @@ def test_the_configuration_reference_gives_the_real_defaults() -> None:
 
 
 def test_the_api_reference_renders_every_public_name() -> None:
+    import fanout.batch
+
     api = page("api.md")
-    rendered = set(re.findall(r"^::: fanout\.(\w+)$", api, re.M))
-    assert set(fanout.__all__) <= rendered, set(fanout.__all__) - rendered
+    rendered = set(re.findall(r"^::: fanout\.([\w.]+)$", api, re.M))
+    for module, prefix in ((fanout, ""), (fanout.batch, "batch.")):
+        names = {prefix + name for name in module.__all__}
+        assert names <= rendered, names - rendered
 
 
 def _fenced(text: str, after: str, language: str) -> str:
@@ -190,36 +194,91 @@ def test_the_embedded_quick_start_runs_as_written(tmp_path: Path) -> None:
                         (["fanout", "batch"], 0), (["fanout", "report"], 0)]
 
 
-def test_the_relay_quick_start_runs_as_written(tmp_path: Path) -> None:
-    block = _fenced(README, QUICK_RELAY, "sh")
-    config = block[block.index("<<'EOF'\n") + len("<<'EOF'\n"):block.index("\nEOF\n")]
-    command = shlex.split(block.splitlines()[-1])
-    assert "export RELAY_API_KEY=" in block and command[:2] == ["fanout", "compare"]
-    checked = parse_config(config, "fanout.toml")
-    assert [m.name for m in checked.models] == ["gpt", "claude"]
-    endpoint = checked.endpoint({"RELAY_API_KEY": "sk-relay"})
-    assert endpoint is not None and endpoint.base_url.startswith("https://")
-    # The same file against a relay of our own (the embedded upstream with a key), its ids
-    # ones that relay serves.
+@pytest.fixture
+def relay() -> Iterator[str]:
+    """A relay of our own on loopback: the embedded upstream, wanting the key ``sk-relay``."""
     mock = subprocess.Popen([sys.executable, "-m", "fanout.cli.main", "mock", "--port", "0",
                              "--key", "sk-relay"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         assert mock.stdout is not None
-        url = mock.stdout.readline().strip()
-        local = config.replace(endpoint.base_url, url)
-        for model in checked.models:
-            local = local.replace(f'"{model.id}"', '"mock/fast"')
-        (tmp_path / "fanout.toml").write_text(local)
-        done = _fanout(command, tmp_path, {"RELAY_API_KEY": "sk-relay"})
-        assert done.returncode == 0, done.stderr
-        assert "gpt" in done.stdout and "claude" in done.stdout
-        wrong = _fanout(command, tmp_path, {"RELAY_API_KEY": "sk-wrong"})
-        assert wrong.returncode == 1 and "HTTP 401" in wrong.stderr
-        assert "sk-wrong" not in wrong.stdout + wrong.stderr
+        yield mock.stdout.readline().strip()
     finally:
         mock.terminate()
         mock.communicate(timeout=15)
+
+
+def test_the_relay_quick_start_runs_as_written(tmp_path: Path, relay: str) -> None:
+    """Each line against our relay, its model ids swapped for ones it serves."""
+    block = _fenced(README, QUICK_RELAY, "sh")
+    lines = [line.split("  #")[0].strip() for line in block.splitlines()]
+    export = shlex.split(lines[0])
+    assert export[0] == "export"
+    environ = dict(item.split("=", 1) for item in export[1:])
+    assert set(environ) == {"OPENAI_BASE_URL", "OPENAI_API_KEY"}
+    environ = {"OPENAI_BASE_URL": relay, "OPENAI_API_KEY": "sk-relay"}
+    (tmp_path / "prompts.jsonl").write_text('{"id": "q1", "prompt": "Say hello"}\n')
+    ids = {"openai/gpt-4o-mini": "mock/fast", "anthropic/claude-3.5-haiku": "mock/slow"}
+    ran = []
+    for line in lines[1:]:
+        argv = [ids.get(arg, arg) for arg in shlex.split(line)]
+        done = _fanout(argv, tmp_path, environ)
+        assert done.returncode == 0, (argv, done.stderr)
+        assert "sk-relay" not in done.stdout + done.stderr
+        ran.append(argv[1])
+        if argv[1] == "models":
+            assert "mock/fast" in done.stdout.split()
+        if argv[1] == "compare":
+            assert "mock/fast" in done.stdout and "mock/slow" in done.stdout
+    assert ran == ["models", "compare", "batch", "init"]
+    assert (tmp_path / "fanout.toml").is_file()  # what fanout init wrote
+    wrong = _fanout(["fanout", "compare", "hi", "-m", "mock/fast"], tmp_path / "..",
+                    {**environ, "OPENAI_API_KEY": "sk-wrong"})
+    assert wrong.returncode == 1 and "HTTP 401" in wrong.stderr
+    assert "sk-wrong" not in wrong.stdout + wrong.stderr
+
+
+def _shown(text: str) -> set[str]:
+    """The lines of a page's plain fenced blocks (what a command printed)."""
+    shown: set[str] = set()
+    opener = None
+    for line in text.splitlines():
+        if line.startswith("```"):
+            opener = line if opener is None else None
+        elif opener == "```":
+            shown.add(line)
+    return shown
+
+
+def test_the_troubleshooting_errors_are_the_real_ones(tmp_path: Path, relay: str) -> None:
+    shown = _shown(page("troubleshooting.md"))
+    port = urlsplit(relay).port
+
+    def said(argv: list[str], environ: dict[str, str]) -> str:
+        base = {k: v for k, v in os.environ.items()
+                if k not in ("OPENAI_BASE_URL", "OPENAI_API_KEY")}
+        done = subprocess.run([sys.executable, "-m", "fanout.cli.main", *argv], cwd=tmp_path,
+                              env={**base, **environ}, capture_output=True, text=True,
+                              timeout=120)
+        assert "Traceback" not in done.stderr
+        last = done.stderr.strip().splitlines()[-1]
+        return last.replace(f"127.0.0.1:{port}", "127.0.0.1:8000")
+
+    real = {"OPENAI_BASE_URL": relay}
+    lines = [
+        said(["compare", "hi", "-m", "mock/fast"], real),
+        said(["compare", "hi", "-m", "mock/fast"], {**real, "OPENAI_API_KEY": "sk-wrong"}),
+        said(["compare", "hi", "-m", "gpt-4o-mnii"], {**real, "OPENAI_API_KEY": "sk-relay"}),
+        said(["compare", "hi", "-m", "m"], {"OPENAI_BASE_URL": "http://localhost:9/v1",
+                                           "OPENAI_API_KEY": "x"}),
+        said(["compare", "hi", "-m", "mock/fast"], {"OPENAI_BASE_URL": relay.removesuffix("/v1"),
+                                                    "OPENAI_API_KEY": "sk-relay"}),
+    ]
+    (tmp_path / "fanout.toml").write_text(
+        f'[endpoint]\nbase_url = "{relay}"\napi_key_env = "RELAY_API_KEY"\n')
+    lines.append(said(["compare", "hi", "-m", "mock/fast"], {}))
+    for line in lines:
+        assert line in shown, line
 
 
 def test_the_readme_library_snippet_runs_as_written(tmp_path: Path) -> None:

@@ -627,7 +627,6 @@ def test_the_key_appears_nowhere(run: Run) -> None:
             assert SECRET_VALUE.encode() not in path.read_bytes(), path
 
 
-@pytest.mark.xfail(strict=True, reason="fanout merge lands with #20 section 3")
 def test_the_merge_job_merges_every_shard(run: Run) -> None:
     merge = _merge_job()
     process = run.cluster.run(merge)

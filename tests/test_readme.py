@@ -43,7 +43,10 @@ def test_the_config_errors_shown_are_the_real_ones() -> None:
         assert f"fanout compare: {caught.value}\n" in CONFIGURATION
     config = parse_config("[endpoint]\nbase_url = 'https://r/v1'\n"
                           "api_key_env = 'RELAY_API_KEY'\n" + models, "fanout.toml")
-    for call in (lambda: config.endpoint({}), lambda: config.model("gtp-4o")):
+    # An unknown name is an error where the endpoint is the embedded upstream (a real
+    # endpoint takes it as a model id).
+    embedded = parse_config("[endpoint]\nbase_url = 'embedded'\n" + models, "fanout.toml")
+    for call in (lambda: config.endpoint({}), lambda: embedded.model("gtp-4o")):
         with pytest.raises(ConfigError) as caught:
             call()
         assert f"fanout compare: {caught.value}\n" in CONFIGURATION

@@ -6,17 +6,15 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from typing import TextIO
 
-import trio
 from rich.console import Console
 
-from ..request import Endpoint
+from .._runtime import interrupt_on_signals, only, open_endpoint
 
 __all__ = ["format_seconds", "interrupt_on_sigint", "only", "open_endpoint", "silence_stdout",
-           "text_console"]
+           "text_console"]  # only and open_endpoint: fanout._runtime's, for the commands
 
 
 def text_console(file: TextIO, *, wide: bool = False) -> Console:
@@ -42,26 +40,7 @@ def silence_stdout() -> None:
 async def interrupt_on_sigint(first: Callable[[], None]) -> None:
     """The first Ctrl-C calls ``first`` (cancel, keep what arrived); a second one
     raises KeyboardInterrupt: out at once."""
-    with trio.open_signal_receiver(signal.SIGINT) as signals:
-        interrupted = False
-        async for _ in signals:
-            if interrupted:
-                raise KeyboardInterrupt
-            interrupted = True
-            first()
-
-
-@asynccontextmanager
-async def open_endpoint(endpoint: Endpoint | None) -> AsyncIterator[Endpoint]:
-    """The configured endpoint, or (``None``) the embedded upstream, started in-process
-    on a free loopback port for the length of the block."""
-    if endpoint is not None:
-        yield endpoint
-        return
-    from ..upstream import open_upstream  # only when the config asks for it
-
-    async with open_upstream() as upstream:
-        yield Endpoint(upstream.base_url)
+    await interrupt_on_signals(lambda signum: first(), (signal.SIGINT,))
 
 
 def format_seconds(value: float | None) -> str:
@@ -69,17 +48,3 @@ def format_seconds(value: float | None) -> str:
     if value is None:
         return "-"
     return f"{value * 1000:.0f}ms" if value < 1 else f"{value:.2f}s"
-
-
-def only(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
-    """``exc`` (or the first leaf of the group) if it, or its whole group, is ``kind``:
-    trio delivers KeyboardInterrupt and OSError wrapped in exception groups."""
-    if isinstance(exc, BaseExceptionGroup):
-        matched, rest = exc.split(kind)
-        if rest is not None or matched is None:
-            return None
-        leaf: BaseException = matched
-        while isinstance(leaf, BaseExceptionGroup):
-            leaf = leaf.exceptions[0]
-        return leaf
-    return exc if isinstance(exc, kind) else None

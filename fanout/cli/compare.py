@@ -99,8 +99,8 @@ def run_compare(options: CompareOptions, *, console: Console | None = None,
             print(f"fanout compare: {what}: not UTF-8 text", file=err)
             return 2
     try:
-        config = load_config(options.config)
-        models = config.select(options.models, default=config.compare)
+        config = load_config(options.config, environ=environ)
+        models = config.select(options.models, default=config.compare, environ=environ)
         endpoint = config.endpoint(environ)
         tools = read_tools(options.tools) if options.tools is not None else None
     except ConfigError as exc:

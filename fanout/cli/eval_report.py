@@ -21,7 +21,7 @@ from rich.text import Text
 
 from ..eval.aggregate import Comparison, Evaluation, Flip, ModelRow, Paired, ScorerRow
 from ..eval.stats import EXACT_BELOW, Estimate
-from .report import pair_lines
+from .render import pair_lines, printable
 
 __all__ = ["comparison_view", "cost_lines", "evaluation_view", "fit", "format_cost"]
 
@@ -33,12 +33,6 @@ LISTED = 12
 DASH = "\u2013"
 
 Column = tuple[str, str]  # (label, two-line header)
-
-
-def _printable(text: str) -> str:
-    from .report import printable  # report imports this module
-
-    return printable(text)
 
 
 # ------------------------------------------------------------------------ formats
@@ -124,7 +118,7 @@ def fit(columns: Sequence[Column], rows: Sequence[Mapping[str, Text]],
 
 
 def _listed(head: str, ids: Sequence[str], style: str = "dim") -> Text:
-    shown = ", ".join(_printable(i) for i in ids[:LISTED])
+    shown = ", ".join(printable(i) for i in ids[:LISTED])
     more = f", … ({len(ids) - LISTED} more: --json lists them)" if len(ids) > LISTED else ""
     line = Text(head, no_wrap=True, overflow="ellipsis")
     line.append(shown + more, style)
@@ -132,8 +126,8 @@ def _listed(head: str, ids: Sequence[str], style: str = "dim") -> Text:
 
 
 def _name(row: ModelRow) -> str:
-    model = _printable(row.model)
-    return model if row.group is None else f"{model} · {_printable(row.group)}"
+    model = printable(row.model)
+    return model if row.group is None else f"{model} · {printable(row.group)}"
 
 
 # ------------------------------------------------------------------------- scores
@@ -180,7 +174,7 @@ def evaluation_view(evaluation: Evaluation, console: Console, *, cost: bool = Tr
     for name in evaluation.scorers:
         pairs = [(row, next(s for s in row.scorers if s.scorer == name))
                  for row in evaluation.rows]
-        title = Text(f"scores: {_printable(name)}", "bold")
+        title = Text(f"scores: {printable(name)}", "bold")
         if k > 1:
             title.append(f" (k = {k} samples a prompt)", "dim")
         count_columns: list[Column] = [
@@ -253,7 +247,7 @@ def cost_lines(evaluation: Evaluation, console: Console) -> list[RenderableType]
 def comparison_view(comparison: Comparison, against: str, console: Console
                     ) -> list[RenderableType]:
     """Run A (the report's file) against the baseline B (``--against``)."""
-    shown = _printable(against)
+    shown = printable(against)
     head = Text(f"against {shown} (B, the baseline): A - B over the keys both completed "
                 "and scored", "bold")
     counts = (f"{comparison.both} keys in both ({comparison.not_both_completed} not completed "
@@ -261,7 +255,7 @@ def comparison_view(comparison: Comparison, against: str, console: Console
     parts: list[RenderableType] = [Text(), head, Text(counts)]
     for side, by_model in (("A", comparison.only_a_by_model), ("B", comparison.only_b_by_model)):
         if by_model:
-            listed = ", ".join(f"{_printable(m)} {n}" for m, n in by_model.items())
+            listed = ", ".join(f"{printable(m)} {n}" for m, n in by_model.items())
             parts.append(Text(f"  only in {side}: {listed}", "dim", no_wrap=True,
                               overflow="ellipsis"))
     if not comparison.rows:
@@ -274,13 +268,13 @@ def comparison_view(comparison: Comparison, against: str, console: Console
         ("fail→pass", "fail\n→pass"), ("McNemar p", "McNe-\nmar p")]
     for scorer in sorted({row.scorer for row in comparison.rows}):
         rows = [row for row in comparison.rows if row.scorer == scorer]
-        parts += [Text(), Text(f"scorer: {_printable(scorer)}", "bold"),
+        parts += [Text(), Text(f"scorer: {printable(scorer)}", "bold"),
                   *fit(columns, [_paired_cells(row) for row in rows], console)]
         for row in rows:
             for what, flips in (("pass→fail", row.pass_to_fail),
                                 ("fail→pass", row.fail_to_pass)):
                 if flips:
-                    parts.append(_listed(f"  {_printable(row.model)} {what}: ",
+                    parts.append(_listed(f"  {printable(row.model)} {what}: ",
                                          _flip_names(flips)))
     parts.append(Text(f"p boot: paired bootstrap over prompts ({comparison.resamples:,} "
                       f"resamples, seed {comparison.seed}); McNemar: exact binomial below "
@@ -292,7 +286,7 @@ def comparison_view(comparison: Comparison, against: str, console: Console
 def _paired_cells(row: Paired) -> dict[str, Text]:
     estimate = row.difference.difference if row.difference else None
     return {
-        "model": Text(_printable(row.model)), "pairs": Text(str(row.pairs)),
+        "model": Text(printable(row.model)), "pairs": Text(str(row.pairs)),
         "A": Text(_score(row.mean_a)), "B": Text(_score(row.mean_b)),
         "A-B": Text("-" if estimate is None else f"{estimate.value:+.2f}"),
         "95% CI": Text("-" if estimate is None

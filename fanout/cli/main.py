@@ -1,5 +1,5 @@
-"""``fanout``: the command line (``compare``, ``batch``, ``score``, ``report``, ``serve``,
-``mock``).
+"""``fanout``: the command line (``compare``, ``batch``, ``score``, ``report``, ``merge``,
+``serve``, ``mock``, ``models``, ``init``).
 
 Only this package imports rich: the library itself never draws anything.
 """
@@ -18,14 +18,24 @@ from typing import Any
 import trio
 
 from .. import __version__
+from ..batch.options import EXIT_TABLE
 from ..upstream.capture import PACKAGED_CAPTURES, Capture, find_captures
+from ..upstream.catalog import MODELS
 from ..upstream.fragment import MODES, Fragmenter
-from ..upstream.models import MODELS
 from ..upstream.server import RunningUpstream, serve_upstream
 from .common import only as _only
 from .common import silence_stdout
 
 __all__ = ["main"]
+
+
+class _TableEpilog(argparse.HelpFormatter):
+    """Wraps the description as usual; the exit-status table stays a table."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text == EXIT_TABLE:
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -43,12 +53,14 @@ def _parser() -> argparse.ArgumentParser:
                          help="the prompt; - reads standard input, @FILE reads a file")
     compare.add_argument("-m", "--model", dest="models", action="append", default=[],
                          metavar="NAME", help="a model of the config (repeat; default: the "
-                         "config's [compare] models, else all); with the embedded upstream, "
-                         "any of its model ids too: mock/..., fault/..., replay/<capture> "
-                         "(fanout mock --list shows them)")
+                         "config's [compare] models, else all); with a real endpoint, any "
+                         "model id it serves (fanout models lists them); with the embedded "
+                         "upstream, any of its model ids: mock/..., fault/..., "
+                         "replay/<capture> (fanout mock --list shows them)")
     compare.add_argument("--system", metavar="TEXT", help="a system message before the prompt")
     compare.add_argument("--config", metavar="FILE", help="config file (default: ./fanout.toml, "
-                         "else config/default.toml, else the built-in embedded default)")
+                         "else the packaged default: the embedded upstream, or "
+                         "OPENAI_BASE_URL when it is set)")
     compare.add_argument("--json", action="store_true",
                          help="JSON Lines on stdout: one object per event, one per result")
     compare.add_argument("--no-reasoning", dest="reasoning", action="store_false",
@@ -68,17 +80,16 @@ def _parser() -> argparse.ArgumentParser:
                     "Running the same command again skips what completed and redoes the "
                     "rest. Streams the server cut while others ran are redone at once, at "
                     "lower concurrency. With --score, each answer is scored as it arrives "
-                    "(RESULTS.scores.jsonl). Exit status: 0 when everything completed (an "
-                    "empty answer does not count, unless --accept-empty), 1 otherwise, 2 for "
-                    "bad usage or input, 3 when --budget stopped it (run again with a new "
-                    "--budget to continue), 130 after Ctrl-C.")
+                    "(RESULTS.scores.jsonl). An empty answer is not done unless "
+                    "--accept-empty; run again with a new --budget to continue after exit 3.",
+        epilog=EXIT_TABLE, formatter_class=_TableEpilog)
     batch.add_argument("prompts", metavar="PROMPTS.jsonl",
                        help='one JSON object a line: {"id": ..., "prompt": "..."} or '
                             '{"id": ..., "messages": [...]}, optional system, params, tools')
     batch.add_argument("-m", "--model", dest="models", action="append", default=[],
                        metavar="NAME", help="a model of the config (repeat; default: the "
-                       "config's [batch] models, else all); with the embedded upstream, any "
-                       "of its model ids too")
+                       "config's [batch] models, else all); any model id of a real endpoint "
+                       "or of the embedded upstream too")
     batch.add_argument("-o", "--output", required=True, metavar="RESULTS.jsonl",
                        help="results file (appended to; resumed from)")
     batch.add_argument("--samples", type=int, default=1, metavar="K",
@@ -89,7 +100,14 @@ def _parser() -> argparse.ArgumentParser:
                        help="streams in flight per model, at most (lowered on 429s, then "
                             "raised back)")
     batch.add_argument("--shard", metavar="I/N",
-                       help="run only shard I of N (0-based; a hash of each stream's key)")
+                       help="run only shard I of N (0-based; a hash of each stream's key); "
+                            "the shard takes 1/N of the endpoint's concurrency")
+    batch.add_argument("--shard-concurrency", type=int, metavar="K",
+                       help="streams in flight for this shard (default: --concurrency, or "
+                            "the config's [concurrency] max, divided by N, at least 1)")
+    batch.add_argument("--run-id", metavar="ID",
+                       help="written as \"run\" in every results and scores record "
+                            "(default: the plan's fingerprint)")
     batch.add_argument("--accept-empty", action="store_true",
                        help="count a completed stream with an empty answer as done (by "
                             "default it is counted apart as empty, and redone on resume)")
@@ -113,10 +131,11 @@ def _parser() -> argparse.ArgumentParser:
                     "--score scorer, into RESULTS.scores.jsonl (or --scores). Sends no model "
                     "request except a judge's. Scores already current (same answer, same "
                     "scorer) are kept, so running it again scores only what is new; "
-                    "--rescore scores everything again. Exit status: 0 when every score was "
-                    "written and every judge answered, 1 otherwise (running again finishes), "
-                    "2 for bad usage or input, 130 after Ctrl-C (no judge is sent after it; "
-                    "those in flight are cancelled; what was scored stays).")
+                    "--rescore scores everything again. After Ctrl-C or SIGTERM no judge is "
+                    "sent; those in flight are cancelled; what was scored stays. A unit is "
+                    "a score to write; a judge the server refuses as sent (HTTP 4xx) fails "
+                    "for good (1), any other judge failure or a write error is left (75).",
+        epilog=EXIT_TABLE, formatter_class=_TableEpilog)
     score.add_argument("results", metavar="RESULTS.jsonl")
     score.add_argument("--score", dest="scorers", action="append", default=[], metavar="NAME",
                        required=True, help="a [[scorers]] name of the config or a builtin "
@@ -163,6 +182,10 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--against-prompts", metavar="PROMPTS.jsonl",
                         help="the same for the baseline")
 
+    from .merge import add_parser as add_merge
+
+    add_merge(commands)
+
     serve = commands.add_parser(
         "serve", help="the fan-out as an HTTP service, and a comparison page",
         description="Serve POST /v1/fanout (one request, many models, one merged stream), "
@@ -175,6 +198,26 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="address to bind (default: [serve] host, else 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default: [serve] port, else 8080; 0: "
                        "any free one)")
+
+    models = commands.add_parser(
+        "models", help="the model ids the endpoint offers (its GET /models)",
+        description="List the model ids the endpoint's GET /models offers, one a line, "
+                    "sorted (owned_by beside each when given); any of them works with -m. "
+                    "Exit status: 0 with a list, 1 when the endpoint gives none (stderr says "
+                    "why), 2 for a bad config.")
+    models.add_argument("--config", metavar="FILE", help="config file (as for compare)")
+
+    init = commands.add_parser(
+        "init", help="write a commented starter config for a real endpoint",
+        description="Write a commented starter config (the endpoint, where the key comes "
+                    "from, deadlines, two models, a scorer, [batch] models) to PATH. Never "
+                    "overwrites: anything at PATH (a file, a link) is left as it is. Exit "
+                    "status: 0 written, 2 otherwise.")
+    init.add_argument("path", metavar="PATH", nargs="?", default="fanout.toml",
+                      help="where (default: ./fanout.toml, which every command reads)")
+    init.add_argument("--base-url", metavar="URL",
+                      help="the endpoint's base URL (default: OPENAI_BASE_URL, else "
+                           "https://api.openai.com/v1)")
 
     mock = commands.add_parser(
         "mock", help="serve the embedded OpenAI-compatible upstream",
@@ -269,8 +312,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _batch(args: argparse.Namespace) -> int:
+    from ..store.results import parse_shard
     from .batch import BatchOptions, run_batch
-    from .results import parse_shard
 
     shard = None
     if args.shard is not None:
@@ -282,7 +325,8 @@ def _batch(args: argparse.Namespace) -> int:
     return run_batch(BatchOptions(
         prompts=args.prompts, output=args.output, models=tuple(args.models),
         samples=args.samples, concurrency=args.concurrency,
-        per_model_concurrency=args.per_model_concurrency, shard=shard, config=args.config,
+        per_model_concurrency=args.per_model_concurrency, shard=shard,
+        shard_concurrency=args.shard_concurrency, run_id=args.run_id, config=args.config,
         accept_empty=args.accept_empty, scorers=tuple(args.scorers), scores=args.scores,
         budget=args.budget))
 
@@ -357,6 +401,18 @@ def _run(args: argparse.Namespace) -> int:
         return _serve(args)
     if args.command == "score":
         return _score(args)
+    if args.command == "merge":
+        from .merge import run_merge
+
+        return run_merge(args)
+    if args.command == "models":
+        from .models import ModelsOptions, run_models
+
+        return run_models(ModelsOptions(config=args.config))
+    if args.command == "init":
+        from .init import InitOptions, run_init
+
+        return run_init(InitOptions(path=args.path, base_url=args.base_url))
     if args.command == "report":
         from .report import report
 

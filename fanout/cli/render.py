@@ -43,7 +43,7 @@ from ..core.result import Flag, Outcome, StreamResult
 from .common import format_seconds
 from .records import tokens_per_second
 
-__all__ = ["Column", "CompareView", "cut_advice", "cut_line", "inert"]
+__all__ = ["Column", "CompareView", "cut_advice", "cut_line", "inert", "pair_lines", "printable"]
 
 # Escape sequences: CSI, OSC (ended by BEL or ST), DCS/SOS/PM/APC strings, two-byte ESC x,
 # and the 8-bit CSI.  Removed whole, so no parameter residue is left behind.
@@ -87,6 +87,32 @@ def inert(text: str) -> str:
         text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
     text = text.replace("\r\n", "\n").replace("\r", "\n")
     return _ESCAPES.sub("", text).translate(_DROP)
+
+
+_SURROGATES_ALONE = re.compile("[\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    """``text`` safe for a terminal and for any encoder: escape sequences and control
+    characters removed (``inert``), lone surrogates replaced by U+FFFD."""
+    return inert(_SURROGATES_ALONE.sub("\ufffd", text))
+
+
+def pair_lines(pairs: Sequence[tuple[str, Text]], width: int) -> list[Text]:
+    """``label value`` pairs, indented, as many a line as fit in ``width`` (a pair is
+    never split): the body of a block when a table does not fit."""
+    lines = []
+    line = Text("  ")
+    for label, value in pairs:
+        pair = Text.assemble((f"{label} ", "dim"), value)
+        if line.cell_len > 2 and line.cell_len + 2 + pair.cell_len > width:
+            lines.append(line)
+            line = Text("  ")
+        elif line.cell_len > 2:
+            line.append("  ")
+        line.append_text(pair)
+    lines.append(line)
+    return lines
 
 
 def collapse_blank_lines(text: str) -> str:

@@ -8,6 +8,9 @@ record with an empty answer counts as ``empty``, apart from ``completed``.
 Tokens are ``None`` (shown ``-``) when no record of the model had usage: unknown
 is not zero; a sum over only some of them is shown with a ``+``.
 
+When the records name their plan (``fanout.store.plan_check``), a line on stderr
+says whether the file is complete for it.
+
 Any record shape is summarised without failing: a field of the wrong type
 counts as missing.  Text from a results file reaches a terminal only through
 ``printable`` (escapes and controls removed, lone surrogates replaced).
@@ -44,9 +47,9 @@ from rich.table import Table
 from rich.text import Text
 
 from ..files import NotRegularFile, read_small
+from ..store.results import STATES, RecordReader, state_of, work_key
 from .common import format_seconds
-from .render import inert
-from .results import STATES, RecordReader, state_of, work_key
+from .render import pair_lines, printable
 
 if TYPE_CHECKING:
     from ..eval.aggregate import By, Interval
@@ -60,15 +63,6 @@ SHOWN_REASONS = 3
 KEPT_REASONS = 10
 #: The narrowest the model column gets before a layout gives up for the next one.
 MODEL_MIN = 8
-
-_SURROGATES = re.compile("[\ud800-\udfff]")
-
-
-def printable(text: str) -> str:
-    """``text`` safe for a terminal and for any encoder: escape sequences and control
-    characters removed (``inert``), lone surrogates replaced by U+FFFD."""
-    return inert(_SURROGATES.sub("\ufffd", text))
-
 
 # ------------------------------------------------------------------------ numbers
 
@@ -293,23 +287,6 @@ def _blocks(summary: Mapping[str, Mapping[str, Any]], width: int) -> list[Render
     return parts
 
 
-def pair_lines(pairs: Sequence[tuple[str, Text]], width: int) -> list[Text]:
-    """``label value`` pairs, indented, as many a line as fit in ``width`` (a pair is
-    never split): the body of a block when a table does not fit."""
-    lines = []
-    line = Text("  ")
-    for label, value in pairs:
-        pair = Text.assemble((f"{label} ", "dim"), value)
-        if line.cell_len > 2 and line.cell_len + 2 + pair.cell_len > width:
-            lines.append(line)
-            line = Text("  ")
-        elif line.cell_len > 2:
-            line.append("  ")
-        line.append_text(pair)
-    lines.append(line)
-    return lines
-
-
 def _reason_lines(summary: Mapping[str, Mapping[str, Any]]) -> list[Text]:
     lines = []
     for model, row in summary.items():
@@ -348,9 +325,14 @@ def _read_results(path: str, say: Callable[[str], None], *, keep: Callable[[dict
                   None]) -> tuple[dict[str, dict[str, Any]] | None, int]:
     """The summary of the results file at ``path`` (each record also handed to ``keep``),
     and the exit status when there is none: what it could not read is said."""
+    from ..store.plan_check import PlanTally
+
+    tally = PlanTally()
+
     def tee(reader: RecordReader) -> Iterator[dict[str, Any]]:
         for record in reader:
             keep(record)
+            tally.add(record)
             yield record
 
     try:
@@ -374,6 +356,9 @@ def _read_results(path: str, say: Callable[[str], None], *, keep: Callable[[dict
             return None, 2
         say("no records" + (" (the file is empty)" if not reader.size else ""))
         return None, 1
+    completeness = tally.check()  # None: the records name no plan
+    if completeness is not None:
+        say(completeness.line())
     return summary, 0
 
 
@@ -381,7 +366,7 @@ def _read_scores(path: str, explicit: bool, say: Callable[[str], None]
                  ) -> dict[tuple[str, str], dict[str, Any]] | None:
     """The latest score per (key, scorer) of ``path``; ``None`` (said) when it cannot
     be read or is not a scores file; a missing file has none unless ``explicit``."""
-    from ..eval.scores import read_scores
+    from ..store.scores import read_scores
 
     if not os.path.lexists(path):
         if explicit:
@@ -416,8 +401,8 @@ def _load_prompts(path: str, err: TextIO) -> dict[str, dict[str, Any]] | None:
     """prompt id -> what a prompts file's line says over a record (messages, and
     expected, category, tags when it has them), as ``fanout score --prompts`` reads it;
     ``None`` (said, every bad line) when the file is unusable."""
-    from ..eval.scores import as_read_back
-    from .prompts import PromptFileError, load_prompts
+    from ..store.prompts import PromptFileError, load_prompts
+    from ..store.scores import as_read_back
 
     try:
         return {str(p.id): {"messages": [dict(m) for m in p.messages],
@@ -491,7 +476,7 @@ def report(path: str, *, as_json: bool, stdout: TextIO | None = None,
            html: str | None = None, interval: Interval = "bootstrap",
            prompts: str | None = None, against_prompts: str | None = None) -> int:
     """``fanout report RESULTS.jsonl [--json]``: the summary of a results file, and with
-    scores (``scores``, else ``fanout.eval.scores.scores_path`` of ``path`` when it
+    scores (``scores``, else ``fanout.store.scores.scores_path`` of ``path`` when it
     exists) or any of ``by``, ``samples``, ``against``, ``html`` its evaluation.
 
     Without any of them the report is the summary alone (``--json``: model -> its
@@ -528,7 +513,7 @@ def report(path: str, *, as_json: bool, stdout: TextIO | None = None,
             other_overrides := _load_prompts(against_prompts, err)) is None:
         return 2
     from ..eval.aggregate import slim
-    from ..eval.scores import scores_path
+    from ..store.scores import scores_path
 
     scores_file = scores if scores is not None else str(scores_path(path))
     for flag, given, results in (("--scores", scores, path),

@@ -3,7 +3,7 @@
 The latest record of every (prompt id, model, sample) of the results file is
 scored by every ``--score`` scorer (a ``[[scorers]]`` name of the config, or a
 builtin: ``fanout.eval.scorers.BUILTIN``) into the scores file
-(``RESULTS.scores.jsonl``, or ``--scores FILE``; see ``fanout.eval.scores``).
+(``RESULTS.scores.jsonl``, or ``--scores FILE``; see ``fanout.store.scores``).
 No model request is sent but a judge's.  A score already in the file for the
 same answer and scorer is current and kept (``--rescore`` scores it again), so
 running the same command twice scores nothing new, and a run killed midway
@@ -14,9 +14,11 @@ never came) is unscored, like any stream that did not complete.
 ``tags`` and messages override the record's, by prompt id (a results id with
 no prompt line keeps its record's, and is counted).
 
-Exit status: 0 when every score was written and every judge answered, 1
-when a write failed or a judge stream did not complete (its score is an
-``error``; running again asks it again), 2 for bad usage or input, 130
+Exit status (``fanout.batch.ExitCode``, the table of ``fanout batch``): 0 when
+every score was written and every judge answered; 75 when a write failed or a
+judge stream did not complete (its score is an ``error``; running again asks
+it again); 1 when every judge that failed refused the request as sent (HTTP
+4xx but 408, 409, 429: a rerun sends the same); 2 for bad usage or input, 130
 after Ctrl-C and 143 after SIGTERM: no judge request is sent after it, the
 judges in flight are cancelled (they get no score; a rerun asks them) and
 what was scored stays; a second Ctrl-C leaves at once.  On a terminal a
@@ -29,7 +31,7 @@ import fcntl
 import os
 import signal
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
@@ -39,20 +41,21 @@ import trio
 from rich.console import Console
 
 from .._exceptions import ConfigError
+from ..batch.options import ExitCode
 from ..config import Config, load_config
-from ..eval.run import Scoring, Selected, UnknownScorer, select_scorers
-from ..eval.scores import ScoresFile, scores_path
+from ..eval.run import Scoring, Selected, UnknownScorer, as_scored, select_scorers
 from ..request import Endpoint
+from ..store.prompts import PromptFileError, load_prompts
+from ..store.results import ResultsFileError, holder_of, latest_records, lock_path
+from ..store.scores import ScoresFile, scores_path
 from .common import interrupt_on_sigint, open_endpoint, text_console
 from .common import only as _only
-from .prompts import PromptFileError, load_prompts
 from .report import printable
-from .results import RecordReader, ResultsFileError, _holder, lock_path, work_key
 
-__all__ = ["ScoreOptions", "latest_records", "run_score"]
+__all__ = ["ScoreOptions", "run_score"]
 
-EXIT_INTERRUPTED = 130
-EXIT_TERMINATED = 128 + signal.SIGTERM
+EXIT_INTERRUPTED = ExitCode.INTERRUPTED
+EXIT_TERMINATED = ExitCode.TERMINATED
 #: Units listed by key in a summary line (the rest are counted).
 LISTED = 5
 
@@ -67,20 +70,6 @@ class ScoreOptions:
     rescore: bool = False
 
 
-def latest_records(path: str) -> tuple[dict[str, dict[str, Any]], RecordReader]:
-    """key -> the latest record of each unit of a results file, in file order of
-    their latest writes, and the reader (what else the file held); ``OSError`` if
-    it cannot be read."""
-    latest: dict[str, dict[str, Any]] = {}
-    with open(path, "rb") as file:
-        reader = RecordReader(file)
-        for record in reader:
-            key = work_key(record["id"], record["model"], record["sample"])
-            latest.pop(key, None)
-            latest[key] = record
-    return latest, reader
-
-
 def _being_written(path: str) -> str | None:
     """Who is writing the results file at ``path`` (a batch holds its lock), or
     ``None``: scoring it then sees the records written so far, not the batch's end."""
@@ -89,22 +78,13 @@ def _being_written(path: str) -> str | None:
             try:
                 fcntl.flock(file.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
-                return _holder(lock_path(path))
+                return holder_of(lock_path(path))
             except OSError:  # a file system without locks: nothing to tell
                 return None
             fcntl.flock(file.fileno(), fcntl.LOCK_UN)
     except OSError:
         return None
     return None
-
-
-def as_scored(record: Mapping[str, Any]) -> Mapping[str, Any]:
-    """What a scorer is given of a record: one the server cut while others ran (its
-    redo never came) did not complete, whatever its outcome says."""
-    if record.get("cut") is True and record.get("outcome") == "completed":
-        return {**record, "outcome": "truncated",
-                "reason": "cut by the server while other streams ran (not redone)"}
-    return record
 
 
 def run_score(options: ScoreOptions, *, stdout: TextIO | None = None,
@@ -123,7 +103,7 @@ def run_score(options: ScoreOptions, *, stdout: TextIO | None = None,
     if not options.scorers:
         return fail("no scorer: give --score NAME (a [[scorers]] name or a builtin)")
     try:
-        config = load_config(options.config)
+        config = load_config(options.config, environ=environ)
     except ConfigError as exc:
         for line in exc.problems or [str(exc)]:
             say(line)
@@ -176,6 +156,10 @@ def run_score(options: ScoreOptions, *, stdout: TextIO | None = None,
     try:
         writer = ScoresFile(target, not_same_as=(f"the results file {options.results}", source))
     except ResultsFileError as exc:
+        if exc.temporary:  # another run holds it, the disk is full: later
+            say(f"--scores {exc}; nothing was scored")
+            say(f"exit {ExitCode.TEMPFAIL}: nothing was scored; a rerun may finish")
+            return ExitCode.TEMPFAIL
         return fail(f"--scores {exc}; nothing was scored")
     try:
         return _run(options, config, selected, endpoint, latest, prompts, writer, out, say,
@@ -249,17 +233,31 @@ def _run(options: ScoreOptions, config: Config, selected: list[Selected],
     if writer.error is not None:
         say(f"--scores {writer.path}: cannot write: {writer.error.strerror or writer.error}; "
             "run the same command again once it can be written")
-        return 1
+        say(f"exit {ExitCode.TEMPFAIL}: the scores could not all be written; a rerun may "
+            "finish")
+        return ExitCode.TEMPFAIL
     if interrupted:
         say("interrupted: the judges not asked yet are left; run the same command again to "
             "finish")
+        say(f"exit {status_if_interrupted}: interrupted "
+            f"({'SIGTERM' if status_if_interrupted == EXIT_TERMINATED else 'SIGINT'})")
         return status_if_interrupted
     if failed_judges:
+        refused = sum(scoring.tallies[item.name].judge_refused for item in selected)
         say(f"{failed_judges} judge stream{'s' if failed_judges != 1 else ''} did not complete "
             "(error scores); running the same command again asks "
             f"{'them' if failed_judges != 1 else 'it'} again")
-        return 1
-    return 0
+        if refused == failed_judges:
+            say(f"exit {ExitCode.FAILED}: {refused} judge request"
+                f"{'s were' if refused != 1 else ' was'} refused as sent (HTTP 4xx); a rerun "
+                "will not fix that: fix the judge's model or params")
+            return ExitCode.FAILED
+        say(f"exit {ExitCode.TEMPFAIL}: {failed_judges - refused} judge stream"
+            f"{'s' if failed_judges - refused != 1 else ''} did not complete; a rerun may "
+            "finish")
+        return ExitCode.TEMPFAIL
+    say(f"exit {ExitCode.DONE}: every score is written")
+    return ExitCode.DONE
 
 
 async def _judge(scoring: Scoring, writer: ScoresFile, endpoint: Endpoint | None,

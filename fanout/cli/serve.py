@@ -49,7 +49,7 @@ def run_serve(options: ServeOptions, *, stdout: TextIO | None = None,
     out = stdout or sys.stdout
     err = stderr or sys.stderr
     try:
-        config = load_config(options.config)
+        config = load_config(options.config, environ=environ)
         endpoint = config.endpoint(environ)
         keys = ServiceKeys.from_env(config.serve.keys_env, environ, config.source)
     except ConfigError as exc:

@@ -9,7 +9,7 @@ one ``Accumulator``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, final
 
 from .._exceptions import EventTooLarge, MalformedFrame, ProtocolError, ResponseTooLarge
@@ -188,13 +188,17 @@ class StreamParser:
         self._stopped = True
         return event
 
-    def fail_http(self, status: int, body: bytes, reason: str = "") -> ErrorReported:
-        """Record a non-2xx response from its status and (bounded) body."""
+    def fail_http(self, status: int, body: bytes, reason: str = "", *,
+                  explain: Callable[[StreamError], StreamError] | None = None
+                  ) -> ErrorReported:
+        """Record a non-2xx response from its status and (bounded) body; ``explain``
+        may say what the error means before it is recorded (from the redacted body)."""
         self.status = status
         redact = self._redactor
         if redact:
             body = redact.text(body.decode("utf-8", "replace")).encode()
-        return self.fail(error_from_response(status, body, reason))
+        error = error_from_response(status, body, reason)
+        return self.fail(explain(error) if explain is not None else error)
 
     def feed_completion(self, body: bytes, content_type: str = "application/json"
                         ) -> list[CoreEvent]:

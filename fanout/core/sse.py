@@ -16,9 +16,8 @@ from __future__ import annotations
 import codecs
 from typing import Any, Final, final
 
-import attrs
-
 from .._exceptions import EventTooLarge
+from ._sse_event import ServerSentEvent as ServerSentEvent
 
 __all__ = ["DEFAULT_MAX_EVENT_SIZE", "SSEDecoder", "ServerSentEvent"]
 
@@ -26,22 +25,6 @@ DEFAULT_MAX_EVENT_SIZE: Final = 8 * 1024 * 1024
 """8 Mi characters: far above any sane chat chunk, far below running out of memory."""
 
 _BOM: Final = "\ufeff"
-
-
-@attrs.frozen(slots=True)
-class ServerSentEvent:
-    """One dispatched event.
-
-    ``event`` is ``"message"`` when no ``event:`` field was set; ``data`` is the
-    block's ``data`` lines joined with ``\\n``; ``id`` is the last event ID in
-    force at dispatch (``""`` if none); ``retry`` is the reconnection time in
-    milliseconds if this event's block set a valid one, else ``None``.
-    """
-
-    data: str = ""
-    event: str = "message"
-    id: str = ""
-    retry: int | None = None
 
 
 @final

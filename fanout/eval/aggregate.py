@@ -2,11 +2,11 @@
 
 ``prepare`` reads the records in file order: the latest record of each key
 (prompt id, model, sample) is the answer; a score counts only while it is of that
-answer (its ``answer_key`` is ``fanout.eval.scores.answer_key`` of the latest
+answer (its ``answer_key`` is ``fanout.store.scores.answer_key`` of the latest
 record): older ones are *stale*, counted and left out.  ``evaluate`` then gives,
 per model (and per category or tag with ``by``), per scorer:
 
-- ``units`` (keys), ``completed`` (``fanout.cli.results.state_of``), ``scored``,
+- ``units`` (keys), ``completed`` (``fanout.store.results.state_of``), ``scored``,
   ``unscored`` (the answer did not complete: never a failure), ``errors`` (the
   scorer could not score), ``missing`` (no current score: never scored, or stale);
 - the mean score and the pass rate with their intervals (``fanout.eval.stats``:
@@ -33,7 +33,7 @@ from typing import Any, Final, Literal
 
 import attrs
 
-from ..cli.results import state_of, work_key
+from ..store.results import state_of, work_key
 from . import stats
 from .stats import Estimate, McNemar, PairedBootstrap, SignTest
 
@@ -90,7 +90,7 @@ class Run:
 
 
 def _default_answer_key() -> Callable[[Mapping[str, Any]], str]:
-    from .scores import answer_key
+    from ..store.scores import answer_key
 
     return answer_key
 
@@ -125,7 +125,7 @@ def prepare(records: Iterable[Mapping[str, Any]],
             scores: Mapping[tuple[str, str], Mapping[str, Any]] | None = None, *,
             answer_key: Callable[[Mapping[str, Any]], str] | None = None) -> Run:
     """A ``Run`` from every record of a results file in file order and the latest score
-    per (work key, scorer) (``fanout.eval.scores.read_scores``)."""
+    per (work key, scorer) (``fanout.store.scores.read_scores``)."""
     key_of = answer_key or _default_answer_key()
     latest: dict[str, dict[str, Any]] = {}
     groups: dict[str, list[tuple[float | None, tuple[str, ...]]]] = {}

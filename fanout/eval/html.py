@@ -31,9 +31,9 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import Any, Final
 
-from ..cli.results import state_of
 from ..files import replace_whole
 from ..records import dumps
+from ..store.results import state_of
 from .aggregate import Comparison, Evaluation, Run, to_json
 
 __all__ = ["MAX_TEXT", "page", "report_data", "write_report"]

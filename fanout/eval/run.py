@@ -43,21 +43,24 @@ from typing import Any
 import attrs
 import trio
 
-from ..cli.results import work_key
 from ..config import JUDGE_CONCURRENCY, Config, ModelConfig
 from ..core.events import StreamFinished
 from ..core.result import Flag, Outcome, StreamResult
 from ..fanout import Fanout, open_fanout
 from ..ratelimit import EndpointLimit
 from ..request import Deadlines, Endpoint, RetryPolicy, StreamRequest
+from ..store.results import work_key
+from ..store.scores import ScoresFile, answer_key, as_read_back, score_record
 from .budget import Budget
 from .cost import cost_of, usage_record
 from .judge import JudgeScorer
 from .scorers import BUILTIN, Answer, Score, Scorer
-from .scores import ScoresFile, answer_key, as_read_back, score_record
 
-__all__ = ["JUDGE_REDOS", "JUDGE_RETRY", "Scoring", "Selected", "Tally", "UnknownScorer",
-           "select_scorers"]
+__all__ = ["JUDGE_REDOS", "JUDGE_RETRY", "REFUSED_STATUSES", "Scoring", "Selected", "Tally",
+           "UnknownScorer", "as_scored", "select_scorers"]
+
+#: HTTP statuses that say the request itself is refused: a rerun sends it again, unchanged.
+REFUSED_STATUSES = frozenset(range(400, 500)) - {408, 409, 429}
 
 #: Judge requests are retried like batch streams: a 429 storm costs waiting, not scores.
 JUDGE_RETRY = RetryPolicy(attempts=8, maximum=30.0, retry_after_spread=0.25)
@@ -134,6 +137,9 @@ class Tally:
     unwritten: int = 0  # could not be written (the file failed)
     not_judged: int = 0  # a judge request the budget (or an interruption) kept back
     judge_failed: int = 0  # judge streams that did not complete (error scores, asked again)
+    #: of those, the ones the server refused as sent (HTTP 4xx but 408, 409, 429): a rerun
+    #: sends the same request
+    judge_refused: int = 0
     judge_cut: int = 0  # judge streams the server cut while others ran, asked again at once
     judge_cost: float = 0.0
     judge_cost_unknown: int = 0
@@ -185,8 +191,11 @@ class Scoring:
 
     def __init__(self, config: Config, scorers: Sequence[Selected], writer: ScoresFile, *,
                  rescore: bool = False, budget: Budget | None = None,
-                 on_budget: Callable[[], None] | None = None) -> None:
+                 on_budget: Callable[[], None] | None = None,
+                 stamp: Mapping[str, Any] | None = None) -> None:
         self.config = config
+        #: The shard, plan and run of the batch scoring (``store.scores.score_record``).
+        self.stamp = stamp
         self.scorers = list(scorers)
         self.writer = writer
         self.rescore = rescore
@@ -296,7 +305,7 @@ class Scoring:
         scorer = selected.scorer
         line = score_record(record, selected.name, scorer.kind, scorer.key, answer=akey,
                             status=score.status, score=score.value, passed=score.passed,
-                            explanation=score.explanation, judge=judge)
+                            explanation=score.explanation, judge=judge, stamp=self.stamp)
         tally = self.tallies[selected.name]
         tally.statuses[score.status] += 1
         tally.passed += score.passed is True
@@ -383,7 +392,9 @@ class Scoring:
             except BaseException:
                 limit.release_on_behalf_of(job.key)
                 raise  # not sent: still queued, counted as not judged if it ends here
-            self._queue.popleft()  # only now: a job cancelled while waiting stays queued
+            # Only now: a job cancelled while waiting stays queued.  Not popleft(): a
+            # judge cut while this one waited went back to the head of the queue.
+            self._queue.remove(job)
             self._jobs[job.key] = job
             self._sent[job.key] = trio.current_time()
             try:
@@ -473,6 +484,7 @@ class Scoring:
             score = job.selected.judge.verdict(result.text, job.nonce)
         else:
             tally.judge_failed += 1
+            tally.judge_refused += result.status in REFUSED_STATUSES
             score = job.selected.judge.failed(str(result.outcome), result.reason)
         self._write(job.selected, job.record, job.answer, score, judge)
         if self.on_budget is not None and self.budget is not None:
@@ -526,3 +538,12 @@ def _pure(scorer: Scorer, answer: Answer) -> Score:
 
 def judges_of(scorers: Iterable[Selected]) -> list[Selected]:
     return [s for s in scorers if s.is_judge]
+
+
+def as_scored(record: Mapping[str, Any]) -> Mapping[str, Any]:
+    """What a scorer is given of a results record: one the server cut while others ran
+    (its redo never came) did not complete, whatever its outcome says."""
+    if record.get("cut") is True and record.get("outcome") == "completed":
+        return {**record, "outcome": "truncated",
+                "reason": "cut by the server while other streams ran (not redone)"}
+    return record

@@ -40,10 +40,12 @@ import errno
 import math
 import random
 import re
+import socket
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
 from typing import Any
+from urllib.parse import urlsplit
 
 import attrs
 import httpx
@@ -65,7 +67,7 @@ from ..records import dumps
 from ..request import Endpoint, StreamRequest, StreamSettings
 from .transport import FRESH_CONNECTION, ShardedTransport
 
-__all__ = ["DEFAULT_SETTINGS", "StreamRunner"]
+__all__ = ["DEFAULT_SETTINGS", "StreamRunner", "connect_failure", "public_url"]
 
 DEFAULT_SETTINGS = StreamSettings()
 
@@ -473,7 +475,8 @@ class StreamRunner:
             except httpx.ConnectError as exc:
                 end.connect_failed = True
                 end.unreported = True
-                end.error = self._fail(parser, _transport_error(exc))
+                end.error = self._fail(parser, _transport_error(
+                    exc, base_url=self.endpoint.base_url))
             except httpx.TransportError as exc:
                 end.unreported = True
                 answered = end.status is not None
@@ -495,6 +498,29 @@ class StreamRunner:
                                                        name))
         self._mark("end")
 
+    def _explain(self, error: StreamError) -> StreamError:
+        """What an HTTP error means for the first hour with an endpoint, said first (the
+        server's own words after it): a 401/403 when no key was sent; a 404 that names
+        the model (the endpoint does not know it), or else no such route at all (the
+        base URL is wrong: most need ``/v1``)."""
+        status = error.status
+        said = _server_said(error.message, status)
+        if status in (401, 403) and not self.endpoint.api_key:
+            message = f"no API key was sent: set OPENAI_API_KEY or [endpoint] api_key_env{said}"
+        elif status == 404 and _names_model(error, self.request.model):
+            if not _NOT_KNOWN.search(error.message):
+                return error  # about the model, but not that it is unknown: its own words
+            message = (f"the endpoint does not know model {self.request.model!r}; "
+                       f"`fanout models` lists what it offers{said}")
+        elif status == 404:
+            hint = ("" if public_url(self.endpoint.base_url).endswith("/v1") else
+                    " OpenAI-compatible servers usually end it with /v1")
+            message = (f"{public_url(self.url)} answered 404: no such route; is base_url "
+                       f"right?{hint}")
+        else:
+            return error
+        return attrs.evolve(error, message=message)
+
     async def _response(self, number: int, response: httpx.Response, parser: StreamParser,
                         end: _AttemptEnd) -> None:
         self._mark("headers")
@@ -515,7 +541,7 @@ class StreamRunner:
             body = await _read_bounded(response, MAX_ERROR_BODY, inflater)
             end.unreported = True
             end.error = parser.fail_http(response.status_code, body,
-                                         response.reason_phrase).error
+                                         response.reason_phrase, explain=self._explain).error
             end.retry_after = self.retry.retry_after(response.headers)
             return
         idle = self.deadlines.idle
@@ -759,12 +785,57 @@ def _unanswered(exc: httpx.TransportError) -> bool:
     return isinstance(exc, httpx.ReadError | httpx.WriteError)
 
 
+def _server_said(message: str, status: int | None) -> str:
+    """`` (the server said: ...)``, short; nothing when it said no more than its status."""
+    text = " ".join(message.split())
+    if not text or text.startswith(f"HTTP {status}"):
+        return ""
+    return f" (the server said: {text if len(text) <= 160 else text[:157] + '...'})"
+
+
+def _names_model(error: StreamError, model: str) -> bool:
+    """Whether a 404 is about the model (OpenAI's ``model_not_found``, vLLM's and
+    Ollama's messages), not about the route."""
+    said = f"{error.code or ''} {error.type or ''} {error.message}".lower()
+    # The id as a whole word: a short one ("a") is inside every message.
+    named = re.search(rf"(?<![\w/.:-]){re.escape(model.lower())}(?![\w/.:-])", said)
+    return "model" in said or named is not None
+
+
+def connect_failure(exc: httpx.TransportError, base_url: str) -> str:
+    """One line for a request to ``base_url`` that got no answer: the words a stream's
+    result uses (``cannot connect to ...`` when nothing is there)."""
+    return _transport_error(exc, answered=False, base_url=base_url).message
+
+
+def public_url(url: str) -> str:
+    """``url`` as an error may show it: no user, password, query or fragment."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = f":{parts.port}" if parts.port is not None else ""
+    except ValueError:
+        port = ""
+    return f"{parts.scheme}://{host}{port}{parts.path}".rstrip("/")
+
+
+#: A 404 about the model saying the endpoint does not know it (OpenAI, vLLM, Ollama, ...).
+_NOT_KNOWN = re.compile(r"does ?n[o']t exist|not found|unknown|no such|invalid model", re.I)
+#: Why a connection could not be made that says the server is not there (yet).
+_UNREACHED = {errno.ECONNREFUSED: "connection refused", errno.EHOSTUNREACH: "no route to host",
+              errno.ENETUNREACH: "network unreachable"}
+
+
 def _transport_error(exc: httpx.TransportError, *, answered: bool = True,
-                     stale: bool = False) -> StreamError:
+                     stale: bool = False, base_url: str | None = None) -> StreamError:
     """One line that says what happened on the wire, with the OS's own reason.
 
     ``answered``: a status line had arrived (else the error says the server
-    never answered); ``stale``: a pooled connection the server had closed.
+    never answered); ``stale``: a pooled connection the server had closed;
+    ``base_url``: where a connection failed (named when nothing is there, or
+    its host name does not resolve).
     """
     message = str(exc) or type(exc).__name__
     os_error = _os_error(exc)
@@ -779,6 +850,13 @@ def _transport_error(exc: httpx.TransportError, *, answered: bool = True,
         return StreamError("too many open files: the process ran out of file descriptors "
                            "(raise the limit with `ulimit -n`, or lower the concurrency)",
                            "transport_error", "too_many_open_files")
+    unreached = None if os_error is None else (
+        f"host name not found: {os_error.strerror or os_error}"
+        if isinstance(os_error, socket.gaierror) else _UNREACHED.get(os_error.errno or 0))
+    if unreached is not None and base_url is not None:
+        return StreamError(f"cannot connect to {public_url(base_url)}: is the server running, "
+                           "is base_url right? run the same command again once it is "
+                           f"({unreached})", "transport_error", code)
     if os_error is not None and os_error.errno == errno.ECONNREFUSED:
         return StreamError(f"connection refused ({code}: {message})", "transport_error", code)
     if os_error is not None and os_error.errno in (errno.ECONNRESET, errno.EPIPE):

@@ -6,7 +6,7 @@
 """
 
 from .capture import Capture as Capture
-from .models import MODELS as MODELS
+from .catalog import MODELS as MODELS
 from .server import RunningUpstream as RunningUpstream
 from .server import UpstreamStats as UpstreamStats
 from .server import open_upstream as open_upstream

@@ -43,8 +43,8 @@ from .dialects import (
 )
 from .plans import Abort, ChatRequest, Hang, Pause, Plan, Send, Step, error_plan, json_plan
 
-__all__ = ["ECHO_MARKER", "ECHO_PLACES", "MODELS", "Context", "ModelSpec", "Slot", "encoder",
-           "plan_chat"]
+__all__ = ["ECHO_MARKER", "ECHO_PLACES", "SCRIPTED_MODELS", "Context", "ModelSpec", "Slot",
+           "encoder", "plan_replay"]
 
 SSE_HEADERS = (("content-type", "text/event-stream; charset=utf-8"),
                ("cache-control", "no-cache"), ("x-accel-buffering", "no"))
@@ -1174,7 +1174,7 @@ def _replay_in_dialect(request: ChatRequest, capture: Capture, scale: float
 
 CHAT_ONLY = ("chat",)  # chat-shaped hostile bytes: no other dialect has these fields
 
-MODELS: dict[str, ModelSpec] = {spec.id: spec for spec in [
+SCRIPTED_MODELS: dict[str, ModelSpec] = {spec.id: spec for spec in [
     ModelSpec("mock/fast", "text as fast as the socket takes it", _scripted("text")),
     ModelSpec("mock/slow", "text at 20-60 ms a token", _scripted("text", (0.02, 0.06))),
     ModelSpec("mock/echo", "repeats the last user message", _scripted("echo")),
@@ -1275,38 +1275,3 @@ MODELS: dict[str, ModelSpec] = {spec.id: spec for spec in [
     ModelSpec("fault/set-cookie", "mock/fast with Set-Cookie: fanout_session=<random>",
               _set_cookie),
 ]}
-
-
-# The judge models (judge.py) stream through this module's helpers: registered last.
-from .judge import JUDGE_MODELS  # noqa: E402
-
-MODELS.update(JUDGE_MODELS)
-
-# Real servers' shapes of the two event dialects (relays.py), likewise.
-from .relays import RELAY_MODELS  # noqa: E402
-
-MODELS.update(RELAY_MODELS)
-
-# The connection's own faults (connections.py), likewise.
-from .connections import CONNECTION_MODELS  # noqa: E402
-
-MODELS.update(CONNECTION_MODELS)
-
-
-def plan_chat(request: ChatRequest, context: Context) -> Plan:
-    """The plan for a request of any route (``request.api``), or a 404 for an unknown
-    model, or one this route does not serve."""
-    spec = MODELS.get(request.name)
-    if spec is not None:
-        if request.api not in spec.apis:
-            return _error(request, 404, f"The model '{request.model}' is served on "
-                          f"{spec.routes} only (fanout mock --list).",
-                          "invalid_request_error", param="model", code="model_not_found")
-        return spec.plan(request, context)
-    if request.name.startswith("replay/"):
-        plan = plan_replay(request, context, request.name.removeprefix("replay/"))
-        if plan is not None:
-            return plan
-    return _error(request, 404, f"The model '{request.model}' does not exist. "
-                  "GET /v1/models lists the models of this upstream.",
-                  "invalid_request_error", param="model", code="model_not_found")

@@ -26,9 +26,10 @@ import h11
 import trio
 
 from .capture import PACKAGED_CAPTURES, find_captures
+from .catalog import MODELS, plan_chat
 from .dialects import anthropic_error_plan, parse_messages_request, parse_responses_request
 from .fragment import COALESCE_LIMIT, Fragmenter
-from .models import MODELS, Context, plan_chat
+from .models import Context
 from .plans import (
     Abort,
     CloseAfter,

@@ -18,7 +18,7 @@ import pytest
 
 from fanout.cli.batch import BatchOptions, run_batch
 from fanout.cli.main import main
-from fanout.cli.results import work_key
+from fanout.store.results import work_key
 
 COMMAND = [sys.executable, "-m", "fanout.cli.main"]
 
@@ -122,7 +122,7 @@ def test_every_unit_of_work_once_with_its_outcome(tmp_path: Path, config: str) -
     prompts = prompts_file(tmp_path, 6)
     output = str(tmp_path / "results.jsonl")
     status, out, err = batch(prompts, output, config, *EXPECTED, samples=2)
-    assert status == 1  # some models fail by design
+    assert status == 1, err  # some models fail by design, each the same way every time
     every = records(output)
     keys = Counter(work_key(r["id"], r["model"], r["sample"]) for r in every)
     assert len(keys) == 6 * len(EXPECTED) * 2
@@ -476,10 +476,12 @@ def test_requests_the_server_refuses_get_no_advice_to_run_again(tmp_path: Path,
                                      "params": {"temperature": "hot"}}) + "\n")
     output = str(tmp_path / "results.jsonl")
     status, _, err = batch(str(prompts), output, config, "fast", "missing")
-    assert status == 1
+    assert status == 1  # every failure is the request's: a rerun will not fix it
     lines = err.splitlines()
-    unknown = ("HTTP 404: The model 'mock/no-such-model' does not exist. GET /v1/models "
-               "lists the models of this upstream.")
+    unknown = ("HTTP 404: the endpoint does not know model 'mock/no-such-model'; `fanout "
+               "models` lists what it offers (the server said: The model 'mock/no-such-model' "
+               "does not…")
+    assert lines.pop() == f"fanout batch: exit 1: 4 units failed in ways a rerun will not fix ({unknown})"
     assert lines[-3:] == [
         "fanout batch: 4 of 6 streams are not completed",
         f"fanout batch: missing: 3 requests refused as sent (HTTP 400, 404; e.g. {unknown}): "
@@ -557,7 +559,7 @@ def test_answers_and_judges_on_one_slot_share_its_limit(tmp_path: Path, cadence:
     # The judge's streams cut answers and answers cut judges: each is counted as a
     # stream running on the endpoint, so a cut answer is redone (before it is judged)
     # and a cut judge is asked again (never scored), at the endpoint's lowered limit.
-    from fanout.eval.scores import answer_key, read_scores, scores_path
+    from fanout.store.scores import answer_key, read_scores, scores_path
     config = _one_slot_judged(tmp_path, "clean", cadence)
     prompts = prompts_file(tmp_path, 10)
     output = str(tmp_path / "results.jsonl")
@@ -595,7 +597,7 @@ def test_a_relay_that_hides_cuts_is_met_by_capping_the_endpoint(tmp_path: Path,
     # slot/litellm: a cut comes as finish_reason "stop", usage and [DONE], byte for byte
     # a finished answer; nothing can tell it.  [concurrency] max = 1 caps the endpoint
     # for answers and judges alike: one stream at a time, nothing is cut.
-    from fanout.eval.scores import read_scores, scores_path
+    from fanout.store.scores import read_scores, scores_path
     config = _one_slot_judged(tmp_path, "litellm", cadence, "[concurrency]\nmax = 1\n")
     prompts = prompts_file(tmp_path, 10)
     output = str(tmp_path / "results.jsonl")

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
-from rich.console import Console
 from trio.testing import MockClock
 
 from fanout import ChoiceResult, Flag, Outcome, StreamResult, Usage
-from fanout.cli.batch import _Final, is_done, not_completed, plan_work
-from fanout.cli.prompts import PromptFileError, load_prompts
+from fanout.batch.plan import plan_work
+from fanout.batch.session import is_done
+from fanout.batch.summary import Final as _Final
+from fanout.batch.summary import not_completed as _not_completed
 from fanout.cli.report import _percentile, model_summary
-from fanout.cli.results import (
+from fanout.config import parse_config
+from fanout.ratelimit import AdaptiveLimit, EndpointLimit
+from fanout.store.prompts import PromptFileError, load_prompts
+from fanout.store.results import (
     ResultsFile,
     parse_shard,
     read_results,
@@ -24,8 +27,15 @@ from fanout.cli.results import (
     state_of,
     work_key,
 )
-from fanout.config import parse_config
-from fanout.ratelimit import AdaptiveLimit, EndpointLimit
+
+
+def not_completed(finals: dict[str, _Final], total: int, ran: Any, *,
+                  accept_empty: bool) -> list[str]:
+    """The lines of ``fanout.batch.summary.not_completed``, as ``fanout batch`` prints
+    them (server text made printable)."""
+    from fanout.cli.report import printable
+    return [printable(line) for line in
+            _not_completed(finals, total, ran, accept_empty=accept_empty)[0]]
 
 CONFIG = parse_config("[endpoint]\nbase_url = 'embedded'\n"
                       "[[models]]\nname = 'a'\nid = 'mock/fast'\n"
@@ -237,7 +247,7 @@ def test_the_writer_survives_what_orjson_refuses(tmp_path: Path) -> None:
 
 
 def test_writing_into_a_missing_directory_fails_clearly(tmp_path: Path) -> None:
-    from fanout.cli.results import ResultsFileError
+    from fanout.store.results import ResultsFileError
     with pytest.raises(ResultsFileError, match=r"cannot open for writing: No such file or "
                        r"directory .*/nope/ does not exist"):
         ResultsFile(tmp_path / "nope" / "r.jsonl")
@@ -364,18 +374,24 @@ def test_running_again_is_advised_only_when_it_can_help() -> None:
     finals = {"1": final("a", "timed_out"), "2": final("b", "truncated", reason="cut")}
     assert not_completed(finals, 10, Counter({"a": 5, "b": 5}), accept_empty=False) == [
         "2 of 10 streams are not completed; run the same command again to redo them"]
-    # b failed every one of its streams, the same way; c had a 400 and a 503.
+    # b failed every one of its streams, the same way, but a 5xx is the server's: a rerun
+    # may finish them; c had a 400 (for good) and a 503.
     finals = {"1": final("b", "error", 500, "HTTP 500: boom"),
               "2": final("b", "error", 500, "HTTP 500: boom again"),
               "3": final("c", "error", 400, "HTTP 400: bad\x1b[2J field"),
               "4": final("c", "error", 503, "HTTP 503: busy")}
     assert not_completed(finals, 9, Counter({"b": 2, "c": 5}), accept_empty=False) == [
         "4 of 9 streams are not completed",
-        "b: all 2 of its streams this run failed (HTTP 500: boom): running the same command "
-        "again will not help",
         "c: 1 request refused as sent (HTTP 400: bad field): running again sends it unchanged; "
         "fix the prompt, the params or the model",
-        "run the same command again to redo the other 1"]
+        "run the same command again to redo the other 3"]
+    _, failures = _not_completed(finals, 9, Counter({"b": 2, "c": 5}), accept_empty=False)
+    assert [f.key for f in failures if f.permanent] == ["3"]
+    # b's every stream truncated: that is the model's own, a rerun will not help.
+    finals = {"1": final("b", "truncated", 200, "cut"), "2": final("b", "truncated", 200, "cut")}
+    lines, failures = _not_completed(finals, 2, Counter({"b": 2}), accept_empty=False)
+    assert lines[1].startswith("b: all 2 of its streams this run were truncated (cut)")
+    assert all(f.permanent for f in failures)
     # One stream is no pattern; 408, 409 and 429 are worth another try.
     for status in (408, 409, 429):
         lines = not_completed({"1": final("d", "error", status)}, 1, Counter({"d": 1}),
@@ -436,7 +452,7 @@ def test_the_summary_counts_latest_outcomes_and_every_429() -> None:
 # ------------------------------------------------------- what counts as a cut
 
 class _Fan:
-    """What _Session._finished needs of a fan-out."""
+    """What Session._finished needs of a fan-out."""
 
     def forget(self, key: str) -> None:
         pass
@@ -444,7 +460,8 @@ class _Fan:
 
 def _session(tmp_path: Path, *, accept_empty: bool = False, prompts: int = 4,
              concurrency: int = 8, scoring: Any = None) -> tuple[Any, list[Any]]:
-    from fanout.cli.batch import BatchOptions, _Session
+    from fanout.batch import BatchOptions
+    from fanout.batch.session import Session
     tmp_path.mkdir(exist_ok=True)
     lines = [json.dumps({"id": f"q{i}", "prompt": f"p{i}"}) for i in range(prompts)]
     work = plan_work(load_prompts(write_lines(tmp_path / "p.jsonl", *lines)), CONFIG.models[:2],
@@ -452,8 +469,8 @@ def _session(tmp_path: Path, *, accept_empty: bool = False, prompts: int = 4,
     writer = ResultsFile(tmp_path / "r.jsonl")
     options = BatchOptions(prompts="p", output="r", concurrency=concurrency,
                            accept_empty=accept_empty)
-    return _Session(CONFIG, options, work, writer, Console(file=io.StringIO()),
-                    scoring=scoring), work
+    return Session(CONFIG, options, work, writer, cap=concurrency,
+                   stamp={"shard": "0/1", "plan": "p", "run": "r"}, scoring=scoring), work
 
 
 def _send(session: Any, unit: Any) -> None:
@@ -511,7 +528,7 @@ async def test_a_cut_while_others_ran_is_redone_first_and_lowers_the_endpoint(
 
 
 async def test_a_unit_is_redone_at_most_max_redos_times(tmp_path: Path) -> None:
-    from fanout.cli.batch import MAX_REDOS
+    from fanout.batch.options import MAX_REDOS
     session, work = _session(tmp_path)
     unit = work[0]
     for n in range(MAX_REDOS + 1):

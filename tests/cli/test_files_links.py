@@ -20,9 +20,9 @@ import pytest
 from fanout import files
 from fanout.cli.batch import BatchOptions, run_batch
 from fanout.cli.report import report
-from fanout.cli.results import ResultsFile, _holder, lock_path
 from fanout.cli.score import ScoreOptions, run_score
-from fanout.eval.scores import scores_path
+from fanout.store.results import ResultsFile, holder_of, lock_path
+from fanout.store.scores import scores_path
 
 CONFIG = """
 [endpoint]
@@ -247,7 +247,7 @@ def test_who_holds_a_lock_is_never_read_through_a_link_or_a_pipe(
     kind = PLANTS[plant](where, victim_text)
     done = threading.Event()  # reading a pipe would wait for a writer: it must not
     said: list[str] = []
-    reader = threading.Thread(target=lambda: (said.append(_holder(where)), done.set()),
+    reader = threading.Thread(target=lambda: (said.append(holder_of(where)), done.set()),
                               daemon=True)
     reader.start()
     assert done.wait(30)

@@ -9,6 +9,7 @@ import io
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -21,10 +22,10 @@ from typing import Any
 import orjson
 import pytest
 
-from fanout.cli import results as results_module
 from fanout.cli.batch import BatchOptions, run_batch
-from fanout.cli.results import ResultsFile, ResultsFileError, _starts_a_record, lock_path, scan
 from fanout.records import dumps_bytes
+from fanout.store import results as results_module
+from fanout.store.results import ResultsFile, ResultsFileError, _starts_a_record, lock_path, scan
 
 COMMAND = [sys.executable, "-m", "fanout.cli.main"]
 
@@ -221,7 +222,7 @@ def test_a_full_disk_mid_run(tmp_path: Path, config: str,
     monkeypatch.setattr(results_module.os, "write", disk)
     status, out, err = batch(prompts, output, config, "fast", "slow")
     monkeypatch.undo()
-    assert status == 1 and disk.refused
+    assert status == 75 and disk.refused  # a full disk: a rerun may finish
     assert "Traceback" not in err
     lines = err.splitlines()
     failed = [line for line in lines if "No space left on device" in line]
@@ -229,9 +230,11 @@ def test_a_full_disk_mid_run(tmp_path: Path, config: str,
     assert failed[0].startswith(f"fanout batch: -o {output}: cannot write: No space left on "
                                 "device; no new stream was sent after that; ")
     assert "could not be recorded (they run again next time)" in failed[0]
-    assert lines[-1].startswith("fanout batch: ") and lines[-1].endswith(
+    assert lines[-2].startswith("fanout batch: ") and lines[-2].endswith(
         f"of 60 streams are not completed or not recorded; once {output} can be written, run "
         "the same command again to finish")
+    assert re.fullmatch(r"fanout batch: exit 75: \d+ units are left that a rerun may finish "
+                        r"\(a file could not be written\)", lines[-1]), lines[-1]
     assert " fast " in out  # the summary, of what the file holds
     data = output.read_bytes()
     assert data.endswith(b"\n") and data.count(b"\n") == 12  # the torn write was undone
@@ -276,7 +279,7 @@ def test_a_real_full_disk_in_a_subprocess(tmp_path: Path, config: str) -> None:
         command = [*COMMAND, "batch", str(prompts), "-m", "fast", "-m", "slow", "-o",
                    str(output), "--config", config]
         first = subprocess.run(command, capture_output=True, text=True, timeout=120)
-        assert first.returncode == 1, first.stderr
+        assert first.returncode == 75, first.stderr  # a full disk: a rerun may finish
         assert "Traceback" not in first.stderr
         assert sum("No space left on device" in line
                    for line in first.stderr.splitlines()) == 1
@@ -312,11 +315,14 @@ def test_a_second_run_on_the_same_file_is_refused(tmp_path: Path, config: str) -
         second = subprocess.run([*COMMAND, "batch", str(prompts), "-m", "slow", "-o",
                                  str(output), "--config", config],
                                 capture_output=True, text=True, timeout=60)
-        assert second.returncode == 2 and second.stdout == ""
+        # Another run holds it: work is left for later, not an error of the input.
+        assert second.returncode == 75 and second.stdout == ""
         assert second.stderr.splitlines() == [
             f"fanout batch: -o {output}: in use by another fanout batch (pid {first.pid} on "
             f"{holder['host']}, since {holder['started']}); wait for it to end, or name "
-            "another output; nothing was sent"]
+            "another output; nothing was sent",
+            "fanout batch: exit 75: 40 units are left that a rerun may finish (results.jsonl is "
+            "locked by another run)"]
         _, err = first.communicate(timeout=120)
     finally:
         first.kill()

@@ -106,7 +106,8 @@ def test_lone_surrogates_from_the_server_round_trip_through_the_results_file(
         out, err = strict_stream(), strict_stream()
         status = run_batch(BatchOptions(prompts=str(prompts), output=str(output),
                                         config=config), stdout=out, stderr=err, environ={})
-        assert status == 1
+        # a 400 (for good) and an error event on one unit (a rerun may go otherwise)
+        assert status == 75
         shown = read(out) + read(err)
         assert "\ud800" not in shown and "Traceback" not in shown
         assert "text" in read(out) and "bad \ufffd input" in read(out)  # replaced on screen
@@ -147,7 +148,7 @@ def test_lone_surrogates_through_the_command_line(tmp_path: Path, config: str) -
     output = tmp_path / "results.jsonl"
     batch = subprocess.run([*COMMAND, "batch", str(prompts), "-o", str(output), "--config",
                             config], capture_output=True, timeout=60)
-    assert batch.returncode == 1
+    assert batch.returncode == 75  # one of its failures a rerun may finish
     err = batch.stderr.decode("utf-8")  # strict
     assert "Traceback" not in err and "refused: 1 request refused as sent (HTTP 400: bad " \
                                       "\ufffd input)" in err
@@ -355,7 +356,7 @@ def test_the_summary_takes_any_record_of_the_right_shape(rows: list[dict[str, An
 
 def test_every_line_of_a_config_error_is_printed(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    import fanout.cli.batch as batch_module
+    import fanout.batch.runner as batch_module
     from fanout import ConfigError
 
     def broken(path: str | None) -> None:

@@ -27,8 +27,8 @@ from rich.console import Console
 
 from fanout.cli.batch import BatchOptions, run_batch
 from fanout.cli.report import model_summary, report, summary_view
-from fanout.cli.results import RecordReader
 from fanout.records import dumps_bytes
+from fanout.store.results import RecordReader
 
 COMMAND = [sys.executable, "-m", "fanout.cli.main"]
 
@@ -353,8 +353,8 @@ def test_batch_on_a_real_terminal_at_80_columns(tmp_path: Path, config: str) -> 
                for line in reasons), reasons
     assert any(line.startswith("stalled: 110 timed out: no event within 0.5 s")
                for line in reasons), reasons
-    assert any(line.startswith("missing: 110 error HTTP 404: The model 'mock/no-such-model' "
-                               "does not exist") for line in reasons), reasons
+    assert any(line.startswith("missing: 110 error HTTP 404: the endpoint does not know "
+                               "model 'mock/no-such") for line in reasons), reasons
     assert "missing: 1 error HTTP 400: 'temperature' must be a number, not 'hot'." in reasons
     assert "fast: 1 error HTTP 400: 'temperature' must be a number, not 'hot'." in reasons
 

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from rich.cells import cell_len
 
-from fanout.eval.scores import answer_key
 from fanout.records import dumps_bytes
+from fanout.store.scores import answer_key
 
 COMMAND = [sys.executable, "-m", "fanout.cli.main"]
 _ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")

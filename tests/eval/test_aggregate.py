@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from fanout.cli.results import work_key
 from fanout.eval import stats
 from fanout.eval.aggregate import (
     NO_GROUP,
@@ -23,7 +22,8 @@ from fanout.eval.aggregate import (
     slim,
     to_json,
 )
-from fanout.eval.scores import answer_key
+from fanout.store.results import work_key
+from fanout.store.scores import answer_key
 
 
 def answer(prompt: str | int, model: str, text: str, *, sample: int = 0,

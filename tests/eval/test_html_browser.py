@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from fanout.eval.scores import answer_key
 from fanout.records import dumps_bytes
+from fanout.store.scores import answer_key
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

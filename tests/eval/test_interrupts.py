@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from fanout.eval.scores import scores_path
+from fanout.store.scores import scores_path
 from fanout.upstream import open_upstream
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from fanout.cli.results import work_key
 from fanout.config import parse_config
 from fanout.eval.run import Scoring, select_scorers
-from fanout.eval.scores import ScoresFile, answer_key, read_scores
 from fanout.request import Endpoint
+from fanout.store.results import work_key
+from fanout.store.scores import ScoresFile, answer_key, read_scores
 from fanout.upstream import RunningUpstream
 
 MODELS = """

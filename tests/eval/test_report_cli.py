@@ -21,8 +21,8 @@ from rich.console import Console
 from fanout.cli.main import main
 from fanout.cli.report import model_summary, report, summary_view
 from fanout.eval.html import page, report_data
-from fanout.eval.scores import answer_key
 from fanout.records import dumps_bytes
+from fanout.store.scores import answer_key
 
 COMMAND = [sys.executable, "-m", "fanout.cli.main"]
 HOSTILE = "<img src=x onerror=window.__pwned=1></script><script>alert(1)</script>\u2028"

@@ -17,9 +17,9 @@ import trio
 
 from fanout.cli.batch import BatchOptions, run_batch
 from fanout.cli.main import main
-from fanout.cli.results import work_key
 from fanout.cli.score import ScoreOptions, run_score
-from fanout.eval.scores import answer_key, read_scores, scores_path
+from fanout.store.results import work_key
+from fanout.store.scores import answer_key, read_scores, scores_path
 from fanout.upstream import RunningUpstream
 
 COMMAND = [sys.executable, "-m", "fanout.cli.main"]

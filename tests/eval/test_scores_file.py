@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from fanout.cli.results import ResultsFileError, work_key
-from fanout.eval.scores import (
+from fanout.store.results import ResultsFileError, work_key
+from fanout.store.scores import (
     ScoresFile,
     answer_key,
     read_scores,

@@ -343,7 +343,7 @@ def test_stats_aggregate_and_the_page_run_without_trio_or_httpx() -> None:
         stub.__path__ = [{str(ROOT / "fanout")!r}]
         sys.modules['fanout'] = stub
         from fanout.eval import aggregate, html, stats
-        from fanout.eval.scores import answer_key
+        from fanout.store.scores import answer_key
         record = {{"id": "q1", "model": "m", "sample": 0, "outcome": "completed",
                    "content_key": "c", "text": "yes", "choices": []}}
         score = {{"id": "q1", "model": "m", "sample": 0, "scorer": "exact",

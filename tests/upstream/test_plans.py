@@ -10,8 +10,9 @@ import pytest
 
 from fanout import Outcome, parse_stream
 from fanout.upstream.capture import Capture, CaptureError, find_captures
+from fanout.upstream.catalog import MODELS, plan_chat
 from fanout.upstream.fragment import Fragmenter, split_evil
-from fanout.upstream.models import MODELS, Context, plan_chat
+from fanout.upstream.models import Context
 from fanout.upstream.plans import (
     Abort,
     ChatRequest,

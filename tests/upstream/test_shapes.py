@@ -9,7 +9,8 @@ import httpx
 import trio
 
 from fanout.upstream import RunningUpstream
-from fanout.upstream.models import BIG_COUNT, BIG_INDEX, Context, plan_chat
+from fanout.upstream.catalog import plan_chat
+from fanout.upstream.models import BIG_COUNT, BIG_INDEX, Context
 from fanout.upstream.plans import Send, parse_chat_request
 from tests.upstream.wire import MESSAGES, TIMEOUT, chat, dechunk, events, payloads, raw_chat
 

@@ -12,7 +12,8 @@ from trio.testing import MockClock
 from fanout import Outcome, parse_stream
 from fanout.upstream import RunningUpstream
 from fanout.upstream.bomb import EVENT, MIB, gzip_bomb_size
-from fanout.upstream.models import DRIP_BODY, Context, plan_chat
+from fanout.upstream.catalog import plan_chat
+from fanout.upstream.models import DRIP_BODY, Context
 from fanout.upstream.plans import Pause, Send, parse_chat_request
 from tests.upstream.virtual import virtual_upstream
 from tests.upstream.wire import TIMEOUT, RawConnection, chat, dechunk, payloads, raw_chat

@@ -11,7 +11,8 @@ import trio
 from trio.testing import MockClock
 
 from fanout.upstream import RunningUpstream
-from fanout.upstream.models import Context, Slot, plan_chat
+from fanout.upstream.catalog import plan_chat
+from fanout.upstream.models import Context, Slot
 from fanout.upstream.plans import Abort, Send, parse_chat_request
 from fanout.upstream.server import WATCH_PAUSES
 from tests.upstream.virtual import virtual_upstream

@@ -62,7 +62,8 @@ from ..files import (
 from ..records import dumps_bytes
 
 __all__ = ["OUTCOMES", "STATES", "Existing", "Line", "RecordReader", "ResultsFile",
-           "ResultsFileError", "Unreadable", "is_empty", "parse_shard", "read_results",
+           "ResultsFileError", "Unreadable", "is_empty", "latest_records", "parse_shard",
+           "read_results",
            "record_problem", "scan", "shard_of", "state_of", "unit_problem",
            "work_key"]
 
@@ -346,6 +347,21 @@ def read_results(path: str | os.PathLike[str]) -> Existing:
         return read_existing(file)
 
 
+def latest_records(path: str | os.PathLike[str]
+                   ) -> tuple[dict[str, dict[str, Any]], RecordReader]:
+    """key -> the latest record of each unit of a results file, in file order of
+    their latest writes, and the reader (what else the file held); ``OSError`` if
+    it cannot be read."""
+    latest: dict[str, dict[str, Any]] = {}
+    with open(path, "rb") as file:
+        reader = RecordReader(file)
+        for record in reader:
+            key = work_key(record["id"], record["model"], record["sample"])
+            latest.pop(key, None)
+            latest[key] = record
+    return latest, reader
+
+
 def is_empty(record: Mapping[str, Any]) -> bool:
     """A completed record whose answer is empty: flagged ``empty_answer``, or (a record
     written before flags existed) no text, reasoning, refusal or tool call anywhere."""
@@ -397,7 +413,16 @@ def _keep(existing: Existing, record: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------- writing
 
 class ResultsFileError(Exception):
-    """The results file cannot be used as asked; the message is one line that names it."""
+    """The results file cannot be used as asked; the message is one line that names it.
+
+    ``temporary``: a later run may well use it as it is (another run holds its lock, the
+    disk is full): work is left, not refused."""
+
+    def __init__(self, message: str, *, temporary: bool = False, why: str = "") -> None:
+        super().__init__(message)
+        self.temporary = temporary
+        #: The cause in a few words (``locked by another run``), for a summary line.
+        self.why = why or message
 
 
 def lock_path(path: str | os.PathLike[str]) -> Path:
@@ -408,6 +433,15 @@ def lock_path(path: str | os.PathLike[str]) -> Path:
 
 def _why(exc: OSError) -> str:
     return exc.strerror or str(exc)
+
+
+#: Write errors a later run may not meet: a full disk or quota, an I/O error, a busy file.
+_PASSING = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EAGAIN, errno.EBUSY,
+                      errno.EINTR})
+
+
+def _passing(exc: OSError) -> bool:
+    return exc.errno in _PASSING
 
 
 class ResultsFile:
@@ -470,8 +504,8 @@ class ResultsFile:
             hint = ""
             if isinstance(exc, FileNotFoundError) and not self.path.parent.is_dir():
                 hint = f" ({self.path.parent}/ does not exist)"
-            raise ResultsFileError(f"{self.path}: cannot open for writing: {_why(exc)}{hint}"
-                                   ) from None
+            raise ResultsFileError(f"{self.path}: cannot open for writing: {_why(exc)}{hint}",
+                                   temporary=_passing(exc)) from None
 
     @property
     def _what(self) -> str:
@@ -493,8 +527,9 @@ class ResultsFile:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise ResultsFileError(f"{self.path}: in use by another {self.USER} "
-                                   f"({_holder(lock_path(self.path))}); wait for it to end, "
-                                   "or name another output") from None
+                                   f"({holder_of(lock_path(self.path))}); wait for it to end, "
+                                   "or name another output", temporary=True,
+                                   why=f"{self.path.name} is locked by another run") from None
         except OSError as exc:  # a file system without locks: say so, do not run unlocked
             raise ResultsFileError(f"{self.path}: cannot lock: {_why(exc)}") from None
 
@@ -516,7 +551,8 @@ class ResultsFile:
                     and not self._ends_with_newline():
                 self._append(b"\n")  # a whole last record without its newline
         except OSError as exc:
-            raise ResultsFileError(f"{self.path}: cannot write: {_why(exc)}") from None
+            raise ResultsFileError(f"{self.path}: cannot write: {_why(exc)}",
+                                   temporary=_passing(exc)) from None
 
     def _ends_with_newline(self) -> bool:
         return os.pread(self._fd, 1, self._size - 1) == b"\n"
@@ -654,7 +690,7 @@ def _lock_record(data: bytes) -> dict[str, Any] | None:
     return record
 
 
-def _holder(where: Path) -> str:
+def holder_of(where: Path) -> str:
     """Who holds a results file's lock, from its lock file (never followed if a link,
     never waited on if a pipe)."""
     try:

@@ -20,7 +20,7 @@ A key (prompt id, model, sample) and a scorer name may have several records
 scorer's kind and options, so a rerun skips an unchanged (answer, scorer) and
 rescores a changed one.
 
-The file is written like the results file (``fanout.cli.results.ResultsFile``:
+The file is written like the results file (``fanout.store.results.ResultsFile``:
 one ``write`` a line, flushed, ``fsync`` at least once a second and at the
 end, locked for the run, a crash's torn last line ignored on reading and cut
 off before the next run appends).  This module does no network I/O.
@@ -36,7 +36,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from ..cli.results import (
+from ..records import dumps_bytes
+from .results import (
     Existing,
     ResultsFile,
     Unreadable,
@@ -47,12 +48,13 @@ from ..cli.results import (
     unit_problem,
     work_key,
 )
-from ..records import dumps_bytes
 
-__all__ = ["STATUSES", "Scores", "ScoresFile", "answer_key", "as_read_back", "read_scores",
-           "score_id",
-           "score_problem", "score_record", "scores_path"]
+__all__ = ["RUN_FIELDS", "STATUSES", "Scores", "ScoresFile", "answer_key", "as_read_back",
+           "read_scores", "score_id", "score_problem", "score_record", "scores_path"]
 
+#: The fields that say which batch wrote a record (``"shard": "I/N"``, ``"plan"``: the
+#: plan's fingerprint, ``"run"``: the run id): absent from records of older versions.
+RUN_FIELDS = ("shard", "plan", "run")
 #: What a score record's ``status`` can be.
 STATUSES = ("scored", "unscored", "error")
 
@@ -129,10 +131,13 @@ def score_problem(value: object) -> str | None:
 
 def score_record(record: Mapping[str, Any], scorer: str, kind: str, scorer_key: str, *,
                  answer: str, status: str, score: float | None, passed: bool | None,
-                 explanation: str, judge: Mapping[str, Any] | None = None
-                 ) -> dict[str, Any]:
+                 explanation: str, judge: Mapping[str, Any] | None = None,
+                 stamp: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The scores-file line of one score of the results ``record`` (``answer``: its
-    ``answer_key``, with the prompt overrides it was scored with)."""
+    ``answer_key``, with the prompt overrides it was scored with).
+
+    ``stamp``: the ``shard``, ``plan`` and ``run`` of the batch that scores it; without
+    one, those of ``record`` (the batch that wrote the answer), where it has them."""
     line: dict[str, Any] = {
         "id": record["id"], "model": record["model"], "sample": record["sample"],
         "scorer": scorer, "kind": kind, "scorer_key": scorer_key, "answer_key": answer,
@@ -141,6 +146,10 @@ def score_record(record: Mapping[str, Any], scorer: str, kind: str, scorer_key: 
     }
     if judge is not None:
         line["judge"] = dict(judge)
+    for field in RUN_FIELDS:
+        value = (stamp if stamp is not None else record).get(field)
+        if isinstance(value, str):
+            line[field] = value
     return line
 
 

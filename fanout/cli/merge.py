@@ -1,0 +1,187 @@
+"""``fanout merge``: the shard files of a batch into one results file, checked.
+
+The arguments and the rendering only; the merge and its check are
+``fanout.batch.merge``.  What it found goes to stderr, a line each; the
+closing lines (what was written, the counts, the verdict) to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING, Any, TextIO
+
+from .._exceptions import ConfigError
+
+if TYPE_CHECKING:
+    from ..batch.shards import MergeReport
+
+__all__ = ["add_parser", "render", "run_merge"]
+
+#: Keys listed per kind (missing, conflicts...); the rest are counted.
+LISTED = 10
+
+DESCRIPTION = (
+    "Merge the results files of a batch's shards (files, or directories: their *.jsonl) "
+    "into one results file, MERGED, and the scores files among or beside them "
+    "(*.scores.jsonl) into MERGED.scores.jsonl; the inputs are not changed. Each unit's "
+    "latest record is kept once; the same unit recorded differently in two files is a "
+    "conflict (both named, the better kept). Then it checks the merge: with --prompts and "
+    "--config it recomputes the plan and names every planned unit missing; from the "
+    "records' shard and plan fields, every shard absent or of another plan (left out); a "
+    "torn last line is left out and named. The merged file resumes with fanout batch like "
+    "any results file. Exit status: 0 every planned unit is there and done; 1 everything "
+    "is there but some units failed in ways a rerun will not fix (4xx, a model that always "
+    "fails the same way); 2 bad usage or input (nothing written); 75 shards or units are "
+    "missing or unfinished: run those shards again, then merge again.")
+
+
+def add_parser(commands: Any) -> None:
+    """The ``merge`` subcommand, on ``commands`` (an argparse subparsers object)."""
+    parser: argparse.ArgumentParser = commands.add_parser(
+        "merge", help="merge shard files into one results file, and check it is complete",
+        description=DESCRIPTION)
+    parser.add_argument("shards", nargs="+", metavar="SHARD",
+                        help="a results file of a shard, or a directory of them")
+    parser.add_argument("-o", "--output", required=True, metavar="MERGED.jsonl",
+                        help="the merged results file (written whole, replacing one there); "
+                             "its scores go to MERGED.scores.jsonl beside it")
+    parser.add_argument("--prompts", metavar="PROMPTS.jsonl",
+                        help="the batch's prompts file: the plan is recomputed and every "
+                             "missing unit named")
+    parser.add_argument("--config", metavar="FILE",
+                        help="the batch's config (as for batch; needs --prompts)")
+    parser.add_argument("-m", "--model", dest="models", action="append", default=[],
+                        metavar="NAME", help="a model the batch ran (repeat; default: the "
+                        "models the records name, or the config's [batch] models, whichever "
+                        "the shards' plan is)")
+    parser.add_argument("--samples", type=int, metavar="K",
+                        help="the batch's --samples (default: as many as the records hold)")
+    parser.add_argument("--accept-empty", action="store_true",
+                        help="count a completed empty answer as done (as batch --accept-empty)")
+
+
+def run_merge(args: argparse.Namespace, *, stdout: TextIO | None = None,
+              stderr: TextIO | None = None) -> int:
+    """Run ``fanout merge``; returns its exit status."""
+    from ..batch.shards import merge
+    from .report import printable
+
+    out, err = stdout or sys.stdout, stderr or sys.stderr
+    try:
+        report = merge(args.shards, args.output, prompts=args.prompts, config=args.config,
+                       models=tuple(args.models), samples=args.samples,
+                       accept_empty=args.accept_empty)
+    except ConfigError as exc:
+        for line in exc.problems or [str(exc)]:
+            print(f"fanout merge: {printable(line)}", file=err)
+        return 2
+    notes, closing = render(report)
+    for line in notes:
+        print(f"fanout merge: {printable(line)}", file=err)
+    for line in closing:
+        print(printable(line), file=out)
+    return report.exit_code
+
+
+def _listed(keys: list[str]) -> str:
+    shown = ", ".join(keys[:LISTED])
+    return shown + (f", … ({len(keys) - LISTED} more)" if len(keys) > LISTED else "")
+
+
+def _plural(count: int, one: str, several: str | None = None) -> str:
+    return f"{count} {one if count == 1 else several or one + 's'}"
+
+
+def render(report: MergeReport) -> tuple[list[str], list[str]]:
+    """What the merge found (a line each), and its closing lines."""
+    from ..batch.shards import EXIT_COMPLETE, EXIT_FAILED
+
+    notes: list[str] = []
+    for torn in report.torn:
+        notes.append(f"{torn.path}: left out a torn last line (line {torn.line}, "
+                     f"{torn.size} bytes: a run stopped mid-write; its unit is not merged)")
+    for path in report.in_use:
+        notes.append(f"{path}: a running fanout batch holds it: its shard is unfinished "
+                     "(what it held so far is merged)")
+    for foreign in report.foreign_shards:
+        shard = f"shard {foreign.shard}" if foreign.shard else "records"
+        notes.append(f"{foreign.path}: {shard} of plan {foreign.plan}, not this merge's "
+                     f"plan {report.plan} ({_plural(report.shards or 0, 'shard')}): other "
+                     "prompts, config, models, samples or N; left out, with its scores")
+    if report.old_files:
+        notes.append(f"{_plural(len(report.old_files), 'file')} without shard and plan "
+                     f"fields (an older fanout wrote them): {', '.join(report.old_files)}: "
+                     "their units are merged and checked, not their shards")
+    if not report.keys_checked:
+        if report.fingerprint_matches:
+            notes.append("the merged units give the plan's fingerprint: every unit of the plan "
+                         "is there (--prompts and --config check them against the prompts)")
+        elif report.fingerprint_matches is False:
+            notes.append("the merged units do not give the plan's fingerprint: some are missing "
+                         "(or of another plan); give --prompts and --config to name them")
+        else:
+            notes.append("the plan's units were not checked (the records name no plan): give "
+                         "--prompts and --config to name every missing one")
+    if report.not_in_plan:
+        notes.append(f"{_plural(report.not_in_plan, 'unit')} not in the plan (other prompts, "
+                     "models or samples): left out")
+    if report.duplicates:
+        notes.append(f"{_plural(report.duplicates, 'unit')} recorded alike in several files: "
+                     "kept once")
+    for conflict in report.conflicts[:LISTED]:
+        others = ", ".join(f"{path} ({state})" for path, state in conflict.others)
+        notes.append(f"conflict: {conflict.key} differs in {conflict.kept[0]} "
+                     f"({conflict.kept[1]}) and {others}: kept {conflict.kept[0]}'s")
+    if len(report.conflicts) > LISTED:
+        notes.append(f"… and {len(report.conflicts) - LISTED} more conflicts")
+    if report.missing_keys:
+        changed = (f"; {report.changed} of them recorded for other content: the prompt or "
+                   "config changed since" if report.changed else "")
+        notes.append(f"missing: {_plural(len(report.missing_keys), 'planned unit')}"
+                     f"{changed}: {_listed(report.missing_keys)}")
+    if report.missing_shards:
+        notes.append(f"missing shards: {', '.join(map(str, report.missing_shards))} of "
+                     f"{report.shards} (no input holds a record of them)")
+    for model, how in report.hopeless_models.items():
+        notes.append(f"{model}: every one of its units ended {how}: running it again will "
+                     "not help")
+    if report.failed_keys:
+        notes.append(f"failed for good: {_listed(report.failed_keys)}")
+    if report.unfinished_keys:
+        notes.append(f"not finished (running their shards again may finish them): "
+                     f"{_listed(report.unfinished_keys)}")
+    dropped = [(report.scores_duplicates, "exact duplicates"),
+               (report.scores_orphans, "of units not in the merge"),
+               (report.scores_other_answer, "of answers the merge did not keep")]
+    if any(count for count, _ in dropped):
+        notes.append("scores dropped: " + ", ".join(f"{count} {why}" for count, why in dropped
+                                                    if count))
+
+    wrote = f"wrote {report.output} ({_plural(report.records, 'record')})"
+    if report.scores_output is not None:
+        wrote += f" and {report.scores_output} ({_plural(report.scores, 'score')})"
+    planned = "?" if report.planned is None else str(report.planned)
+    missing = (str(len(report.missing_keys)) if report.keys_checked
+               else "0" if report.fingerprint_matches else "?")
+    shards = (f"{len(report.present_shards)} of {report.shards}" if report.shards is not None
+              else "?")
+    counts = (f"units planned {planned}, present {report.present}, missing {missing}, failed "
+              f"{len(report.failed_keys)}, unfinished {len(report.unfinished_keys)}, conflicts "
+              f"{len(report.conflicts)}, torn tails cut {len(report.torn)}; shards present "
+              f"{shards}")
+    code = report.exit_code
+    unchecked = not report.keys_checked and report.fingerprint_matches is None
+    if code == EXIT_COMPLETE and unchecked:
+        verdict = ("every merged unit is done; whether any is missing could not be checked "
+                   "(the records name no plan: give --prompts and --config) (exit 0)")
+    elif code == EXIT_COMPLETE:
+        verdict = "complete: every planned unit is there and done (exit 0)"
+    elif code == EXIT_FAILED:
+        verdict = (f"finished, but {_plural(len(report.failed_keys), 'unit')} failed in ways "
+                   "a rerun will not fix (exit 1)")
+    else:
+        verdict = ("not complete: shards or units are missing or unfinished; run those shards "
+                   "again (the same fanout batch --shard I/N, which resumes its file) and "
+                   "merge again, or resume the merged file with fanout batch (exit 75)")
+    return notes, [wrote, counts, verdict]
