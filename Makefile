@@ -7,7 +7,7 @@ PY      = $(VENV)/bin/python
 RUN     = $(VENV)/.installed-run
 STAMP   = $(VENV)/.installed-dev
 
-.PHONY: test demo lint typecheck bench clean browser haproxy
+.PHONY: test demo docs lint typecheck bench clean browser haproxy
 
 $(RUN): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,9 +39,14 @@ haproxy:
 	  $(SUDO) apt-get update -q && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends haproxy; }
 
-## make test: lint, type-check and run the whole suite (the page's test in chromium and
-## the load balancer's in haproxy too).
-test: $(STAMP) browser haproxy
+## make docs: the documentation (docs/, mkdocs.yml) built into site/ with --strict: a broken
+## link, anchor or API reference fails it.  Offline: no fonts or anything else fetched.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -d site
+
+## make test: lint, type-check, build the docs and run the whole suite (the page's test in
+## chromium and the load balancer's in haproxy too).
+test: $(STAMP) browser haproxy docs
 	$(PY) -m ruff check fanout tests bench examples
 	$(PY) -m mypy fanout
 	$(PY) -m pytest
@@ -64,4 +69,4 @@ bench: $(STAMP)
 	$(PY) bench/serve.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis site

@@ -1,6 +1,6 @@
-"""The README's dialect sections tell the truth: their Python snippets, config errors, curl
+"""The dialects page (docs/dialects.md) tells the truth: their Python snippets, config errors, curl
 example and `fanout compare --json` records, run as written against the embedded upstream (no
-key, no network), print what the README shows; what they say of bodies, headers, refused
+key, no network), print what the page shows; what they say of bodies, headers, refused
 parameters, retries, routes and the benchmark's bodies is what the code does."""
 
 from __future__ import annotations
@@ -23,18 +23,11 @@ from fanout import ConfigError, Endpoint, RetryPolicy, StreamRequest
 from fanout.bodies import DEFAULT_MAX_TOKENS, REFUSED, build_body
 from fanout.config import parse_config
 
-ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
+from .docs import ROOT, page
 
-
-def _section(heading: str) -> str:
-    text = README[README.index(heading):]
-    return text[:text.index("\n## ", 1)]
-
-
-DIALECTS = _section("## Three dialects")
-UPSTREAM = _section("## The embedded upstream")
-BENCHMARKS = _section("## Benchmarks")
+DIALECTS = page("dialects.md")
+UPSTREAM = page("mock.md")
+BENCHMARKS = page("benchmarks.md")
 
 
 def _flat(text: str) -> str:
@@ -75,7 +68,7 @@ def test_the_library_example_prints_one_result_per_dialect(tmp_path: Path) -> No
 
 
 def test_the_parse_stream_example_prints_what_the_readme_shows(tmp_path: Path) -> None:
-    code = _block(DIALECTS, "### What is read", "python")
+    code = _block(DIALECTS, "## What is read", "python")
     shown = _after(DIALECTS, code)
     assert _python(code, tmp_path) == shown
 
@@ -129,7 +122,7 @@ def test_a_batch_prompt_with_a_refused_parameter_is_a_bad_line(tmp_path: Path) -
 
 
 def test_what_is_sent_is_what_build_body_builds() -> None:
-    table = DIALECTS[DIALECTS.index("### What is sent"):DIALECTS.index("Any other parameter")]
+    table = DIALECTS[DIALECTS.index("## What is sent"):DIALECTS.index("Any other parameter")]
     messages = [{"role": "system", "content": "Be brief."},
                 {"role": "system", "content": "Be kind."},
                 {"role": "user", "content": "hi"}]
@@ -189,7 +182,7 @@ def test_the_retry_statuses_are_the_default_ones() -> None:
 
 
 def _abridged(line: str) -> dict[str, Any]:
-    """A README record line, its ``...`` left out: ``{"a": 1, ...}`` is ``{"a": 1}``."""
+    """A record line of the page, its ``...`` left out: ``{"a": 1, ...}`` is ``{"a": 1}``."""
     return dict(json.loads(line.replace(", ...}", "}")))
 
 
@@ -331,8 +324,8 @@ def test_the_benchmark_bodies_are_the_ones_described() -> None:
 
 
 def _example_body() -> bytes:
-    """The Anthropic body of the README's parse_stream example, cut before message_stop."""
-    code = _block(DIALECTS, "### What is read", "python")
+    """The Anthropic body of the page's parse_stream example, cut before message_stop."""
+    code = _block(DIALECTS, "## What is read", "python")
     scope: dict[str, Any] = {}
     exec(code[:code.index("cut = ")], scope)
     body = scope["body"]
@@ -388,8 +381,8 @@ def test_an_error_event_after_content_ends_the_stream_error_with_its_text() -> N
 
 def test_the_demo_summary_is_the_real_one_but_its_timings(tmp_path: Path) -> None:
     """`make demo`'s closing table: models, outcomes, finish reasons, token counts, characters
-    and notes as the README shows them (TTFT, tok/s, queue and time vary)."""
-    top = README[:README.index("\n## ", README.index("## The two commands") + 1)]
+    and notes as docs/getting-started.md shows them (TTFT, tok/s, queue and time vary)."""
+    top = page("getting-started.md")
     shown = _block(top, "and at the end every column in full, then:")
     done = subprocess.run([sys.executable, "-m", "fanout.cli.main", "compare",
                            "Tell me about rivers, in a few sentences.", "--config",

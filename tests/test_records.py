@@ -58,16 +58,16 @@ def test_dumps_escapes_what_a_terminal_or_an_encoder_must_not_get() -> None:
     assert dumps_bytes({"text": "plain"}) == b'{"text":"plain"}\n'  # the fast path
 
 
-def test_real_json_output_holds_every_record_type_the_readme_lists(tmp_path: Path) -> None:
+def test_real_json_output_holds_every_record_type_the_docs_list(tmp_path: Path) -> None:
     # `fanout compare --json` against embedded models that between them produce every
     # kind of event: each line parses, keeps its own type, and every listed type occurs.
     import re
     import subprocess
     import sys
 
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    listed_line = next(line for line in readme.splitlines() if "`started`, `response`" in line)
-    block = readme[readme.index(listed_line):readme.index("each with `stream`", readme.index(
+    compare = (Path(__file__).parent.parent / "docs" / "compare.md").read_text()
+    listed_line = next(line for line in compare.splitlines() if "`started`, `response`" in line)
+    block = compare[compare.index(listed_line):compare.index("each with `stream`", compare.index(
         listed_line))]
     listed = set(re.findall(r"`([a-z_]+)`", block)) | {"result"}
     models = ["mock/reasoning", "mock/tools", "mock/refusal", "fault/garbage", "fault/429:1",
@@ -84,7 +84,7 @@ def test_real_json_output_holds_every_record_type_the_readme_lists(tmp_path: Pat
     records = [json.loads(line) for line in out.stdout.splitlines()]
     seen = {record["type"] for record in records}
     assert listed <= seen, listed - seen
-    assert seen <= listed, seen - listed  # no record type the README does not name
+    assert seen <= listed, seen - listed  # no record type docs/compare.md does not name
     assert all(record["stream"] for record in records)
     assert {r["stream"] for r in records if r["type"] == "result"} == {
         f"m{i}" for i in range(len(models))}

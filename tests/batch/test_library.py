@@ -215,15 +215,15 @@ def test_trio_is_not_running_in_run_sync() -> None:
     trio.run(inside)
 
 
-def test_the_readme_snippet_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                 capsys: pytest.CaptureFixture[str]) -> None:
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    section = readme[readme.index("### Batch as a library"):]
+def test_the_docs_snippet_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    batch_page = (Path(__file__).parents[2] / "docs" / "batch.md").read_text()
+    section = batch_page[batch_page.index("## Batch as a library"):]
     code = section[section.index("```python\n") + 10:]
     code = code[:code.index("```")]
     _setup(tmp_path, 8)
     monkeypatch.chdir(tmp_path)
-    exec(compile(code, "README.md", "exec"), {})
+    exec(compile(code, "docs/batch.md", "exec"), {})
     out = capsys.readouterr().out
     assert out.splitlines()[0].startswith("0 ")  # ExitCode.DONE, then done and total
     shard = _records(tmp_path / "results-0.jsonl")

@@ -635,15 +635,15 @@ def test_the_default_config_runs_its_batch_models_and_completes(tmp_path: Path) 
     assert {r["outcome"] for r in rows} == {"completed"}
 
 
-def test_the_readme_s_duckdb_query_counts_each_key_s_latest_record(tmp_path: Path) -> None:
+def test_the_docs_duckdb_query_counts_each_key_s_latest_record(tmp_path: Path) -> None:
     import re
 
     import duckdb
 
     from fanout.cli.report import report
 
-    readme = (Path(__file__).parent.parent.parent / "README.md").read_text()
-    query = re.search(r'duckdb\.sql\("""(.*?)"""\)', readme, re.S)
+    batch_page = (Path(__file__).parents[2] / "docs" / "batch.md").read_text()
+    query = re.search(r'duckdb\.sql\("""(.*?)"""\)', batch_page, re.S)
     assert query is not None
     # One slot, four names: cut streams are redone, so keys have several records.
     config = tmp_path / "slot.toml"

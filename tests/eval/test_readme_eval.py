@@ -1,5 +1,5 @@
-"""The README's evaluation walk-through tells the truth: its commands, run as written on the
-default config (the embedded upstream, no key), print the numbers the README shows.
+"""The evaluation walk-through (docs/evaluation/index.md) tells the truth: its commands, run as written on the
+default config (the embedded upstream, no key), print the numbers the page shows.
 
 Timings differ from run to run; counts, scores, intervals, flips and costs do not (the mock
 models and ``mock/judge`` are deterministic, the bootstrap has a fixed seed)."""
@@ -14,12 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text()
-SECTION = README[README.index("## Evaluation"):]
-SECTION = SECTION[:SECTION.index("\n## ")]
-WALK = SECTION[SECTION.index("### A walk-through"):]
-WALK = WALK[:WALK.index("\n### ")]
+from ..docs import ROOT, page, section
+
+WALK = section(page("evaluation/index.md"), "A walk-through")
 
 
 def _blocks(text: str) -> list[str]:
@@ -28,7 +25,7 @@ def _blocks(text: str) -> list[str]:
 
 def _commands(block: str) -> list[tuple[list[str], list[str]]]:
     """Each ``$ fanout ...`` command of a block (continuation lines joined) and the lines
-    the README shows after it, up to the next command."""
+    the page shows after it, up to the next command."""
     joined = block.replace("\\\n", " ")
     found: list[tuple[list[str], list[str]]] = []
     for line in joined.splitlines():
@@ -72,7 +69,7 @@ def test_the_walk_through_prints_what_the_readme_shows(tmp_path: Path) -> None:
     (tmp_path / "fanout.toml").write_text((ROOT / "config/default.toml").read_text())
     (tmp_path / "prompts.jsonl").write_text(prompts)
     lines = [json.loads(line) for line in prompts.splitlines()]
-    # prompts-v2.jsonl: as the README says, `river` asks `The Nile`, `greet` asks `Wave`.
+    # prompts-v2.jsonl: as the page says, `river` asks `The Nile`, `greet` asks `Wave`.
     assert "`river` asks `The Nile`, `greet`\nasks `Wave`" in WALK
     asks = {"river": "The Nile", "greet": "Wave"}
     (tmp_path / "prompts-v2.jsonl").write_text("".join(

@@ -1,7 +1,7 @@
-"""The README's evaluation section, beyond its walk-through (tests/eval/test_readme_eval.py):
+"""The evaluation pages (docs/evaluation/), beyond the walk-through (tests/eval/test_readme_eval.py):
 its Python scorer snippet, its `fanout score` / `fanout batch --score` / `--budget` sessions,
 its config errors and its records, run as written on the default config (the embedded
-upstream, no key, no network), print what the README shows.
+upstream, no key, no network), print what the pages show.
 
 Timings and the abridged table rows (``…``) differ from run to run and are not compared; every
 other line a session shows is, and so is each ``echo $?``."""
@@ -16,16 +16,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text()
-SECTION = README[README.index("## Evaluation"):]
-SECTION = SECTION[:SECTION.index("\n## ")]
+from ..docs import EVALUATION, ROOT, pages, section
+
+SECTION = pages(*EVALUATION)
 DEFAULT = (ROOT / "config/default.toml").read_text()
 
 
 def _part(heading: str) -> str:
-    text = SECTION[SECTION.index(heading):]
-    return text[:text.index("\n### ", 1)]
+    """The part of the evaluation pages under ``heading`` (its text, without the ``#``s)."""
+    return section(SECTION, heading)
 
 
 def _block(text: str, after: str, language: str = "") -> str:
@@ -85,7 +84,7 @@ def _default_config(cwd: Path) -> None:
 
 
 def test_the_scorer_snippet_prints_what_the_readme_shows(tmp_path: Path) -> None:
-    scorers = _part("### Scorers")
+    scorers = _part("Scorers")
     code = _block(scorers, "The scorers are plain functions", "python")
     shown = _block(scorers, "print(close.score(answer(\"I cannot say.\"", "text")
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
@@ -95,7 +94,7 @@ def test_the_scorer_snippet_prints_what_the_readme_shows(tmp_path: Path) -> None
 
 
 def test_the_command_line_scorers_give_the_scores_shown(tmp_path: Path) -> None:
-    scorers = _part("### Scorers")
+    scorers = _part("Scorers")
     session = _block(scorers, "On the command line, against `mock/echo`", "console")
     commands = _session(session)
     assert commands[0][0] == "cat prompts.jsonl"
@@ -112,7 +111,7 @@ def test_the_command_line_scorers_give_the_scores_shown(tmp_path: Path) -> None:
 
 
 def test_the_scorer_config_errors_are_the_real_ones(tmp_path: Path) -> None:
-    scorers = _part("### Scorers")
+    scorers = _part("Scorers")
     shown = _block(scorers, "naming the scorer, the option and the value", "console")
     (tmp_path / "results.jsonl").write_text("")
     head = DEFAULT[:DEFAULT.index("# Scorers for")]  # the models; one scorer of its own
@@ -127,15 +126,15 @@ def test_the_scorer_config_errors_are_the_real_ones(tmp_path: Path) -> None:
 
 
 def test_the_default_config_excerpt_is_the_file() -> None:
-    excerpt = _block(_part("### Scoring"), "The end\nof `config/default.toml`:", "toml")
+    excerpt = _block(_part("Scoring"), "The end\nof `config/default.toml`:", "toml")
     assert DEFAULT.endswith(excerpt)
 
 
 def test_the_scoring_sessions_print_what_the_readme_shows(tmp_path: Path) -> None:
-    prompts = _block(_part("### Expected answers"), "A wrong type is a bad line", "json")
+    prompts = _block(_part("Expected answers"), "A wrong type is a bad line", "json")
     (tmp_path / "prompts.jsonl").write_text(prompts)
     _default_config(tmp_path)
-    scoring = _part("### Scoring")
+    scoring = _part("Scoring")
     sessions = re.findall(r"```\n(\$ .*?)```", scoring, re.S)
     # Three sessions run on the default config as they are; the others need what they say
     # (a config with a cut judge, a SIGTERM mid-run, a batch running beside): tested in
@@ -145,13 +144,13 @@ def test_the_scoring_sessions_print_what_the_readme_shows(tmp_path: Path) -> Non
     assert len(sessions) == 6 and len(replayable) == 3
     assert sum(_replay(session, tmp_path) for session in replayable) == 5
     # The capital record of mock/echo, as shown.
-    shown = _block(_part("### Expected answers"), "The `capital` record of `mock/echo`", "json")
+    shown = _block(_part("Expected answers"), "The `capital` record of `mock/echo`", "json")
     shown_record = json.loads(shown.replace(", …}", "}"))
     records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     capital = next(r for r in records if (r["id"], r["model"]) == ("capital", "echo"))
     assert {key: capital.get(key) for key in shown_record} == shown_record
     # The judge's score record, as shown (but when it was scored).
-    shown = _block(_part("### The scores file"), "A judge's record, from", "json")
+    shown = _block(_part("The scores file"), "A judge's record, from", "json")
     shown_score = json.loads(shown)
     scores = [json.loads(line) for line in
               (tmp_path / "results.scores.jsonl").read_text().splitlines()]
@@ -168,7 +167,7 @@ def test_the_scoring_sessions_print_what_the_readme_shows(tmp_path: Path) -> Non
 
 def test_the_budget_sessions_print_what_the_readme_shows(tmp_path: Path) -> None:
     _default_config(tmp_path)
-    budget = _part("### `fanout batch --budget USD`")
+    budget = _part("`fanout batch --budget USD`")
     sessions = re.findall(r"```\n(\$ .*?)```", budget, re.S)
     assert len(sessions) == 2
     assert sum(_replay(session, tmp_path) for session in sessions) == 4
@@ -182,7 +181,7 @@ def test_the_scorer_table_names_every_option_of_every_kind() -> None:
     from fanout.eval import scorers
     from fanout.eval.judge import JudgeScorer
 
-    table = _part("### Scorers")
+    table = _part("Scorers")
     rows = {match.group(1): match.group(2)
             for match in re.finditer(r"^\| `(\w+)` \| (.*?) \|", table, re.M)}
     classes = {"exact": scorers.Exact, "includes": scorers.Includes, "regex": scorers.Regex,

@@ -1,4 +1,4 @@
-"""The README's `fanout serve` section tells the truth: its Python client and its curl
+"""The `fanout serve` page (docs/serve.md, and its replicas in docs/scaling-out.md) tells the truth: its Python client and its curl
 example run as they are against `fanout serve` on the default config, and what it says
 about the record types, limits and errors is what the code does."""
 
@@ -10,7 +10,6 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -20,17 +19,16 @@ from fanout.serve.replica import new_fanout_id
 from fanout.serve.service import PER_REPLICA
 from fanout.upstream import RunningUpstream
 
+from ..docs import ROOT, page, section
 from .helpers import serving
 
-ROOT = Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text()
-SECTION = README[README.index("## `fanout serve`"):]
-SECTION = SECTION[:SECTION.index("\n## ")]
+SECTION = page("serve.md")
+REPLICAS = section(page("scaling-out.md"), "Replicas behind a load balancer")
 
 
-def block(after: str, language: str) -> str:
-    start = SECTION.index(after)
-    match = re.compile(rf"```{language}\n(.*?)```", re.S).search(SECTION, start)
+def block(after: str, language: str, text: str = SECTION) -> str:
+    start = text.index(after)
+    match = re.compile(rf"```{language}\n(.*?)```", re.S).search(text, start)
     assert match is not None
     return match.group(1)
 
@@ -85,10 +83,10 @@ def test_the_record_types_limits_and_errors_are_the_real_ones() -> None:
 
 async def test_the_replicas_section_shows_the_real_status_421_and_haproxy_config(
         upstream: RunningUpstream) -> None:
-    replicas = SECTION[SECTION.index("### Replicas behind a load balancer"):]
-    status_block = block("### Replicas behind a load balancer", "json")
-    error_block = block("answers **421 Misdirected Request**", "json")
-    haproxy_block = block("[`examples/haproxy.cfg`](examples/haproxy.cfg) does it", "")
+    replicas = REPLICAS
+    status_block = block("## Replicas behind a load balancer", "json", REPLICAS)
+    error_block = block("answers **421 Misdirected Request**", "json", REPLICAS)
+    haproxy_block = block("`examples/haproxy.cfg` does it", "", REPLICAS)
     assert haproxy_block in (ROOT / "examples" / "haproxy.cfg").read_text()
     async with serving(upstream, replica="web1") as served, served.client() as client:
         status = (await client.get("/v1/status")).json()

@@ -163,8 +163,8 @@ async def test_non_streamed_requests_and_unknown_places(http: httpx.AsyncClient)
 def test_every_place_is_documented_and_the_key_is_never_in_a_repr() -> None:
     from pathlib import Path
 
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    section = readme[readme.index("**Key echo**"):]
+    upstream = (Path(__file__).parents[2] / "docs" / "mock.md").read_text()
+    section = upstream[upstream.index("**Key echo**"):]
     for where in ECHO_PLACES:
         assert f"`{where}`" in section.split("**Observing")[0], where
     request = parse_chat_request(b'{"model": "m", "messages": [{"role": "user"}]}',
