@@ -106,6 +106,22 @@ TABLES = {
 }
 
 
+def test_what_the_package_tells_users_to_read_exists() -> None:
+    """Text the package shows (``fanout init``'s starter config, help, messages) that sends a
+    reader to the documentation names a page that exists, never a README section: the README
+    is a front page, its old sections are pages of docs/."""
+    named = []
+    for path in sorted((ROOT / "fanout").rglob("*")):
+        if path.suffix not in (".py", ".toml") or "__pycache__" in path.parts:
+            continue
+        text = path.read_text(encoding="utf-8")
+        assert not re.search(r"README's \"[^\"]+\" section", text), path
+        named += [(path, ROOT / name) for name in re.findall(r"\bdocs/[\w/-]+\.md\b", text)]
+    assert named  # fanout init's starter names the configuration reference
+    for path, doc in named:
+        assert doc.is_file(), (path, doc)
+
+
 def test_the_configuration_reference_names_every_key_the_parser_accepts() -> None:
     reference = section(page("configuration.md"), "Reference")
     for title, config in TABLES.items():
