@@ -106,6 +106,22 @@ TABLES = {
 }
 
 
+def test_what_the_package_tells_users_to_read_exists() -> None:
+    """Text the package shows (``fanout init``'s starter config, help, messages) that sends a
+    reader to the documentation names a page that exists, never a README section: the README
+    is a front page, its old sections are pages of docs/."""
+    named = []
+    for path in sorted((ROOT / "fanout").rglob("*")):
+        if path.suffix not in (".py", ".toml") or "__pycache__" in path.parts:
+            continue
+        text = path.read_text(encoding="utf-8")
+        assert not re.search(r"README's \"[^\"]+\" section", text), path
+        named += [(path, ROOT / name) for name in re.findall(r"\bdocs/[\w/-]+\.md\b", text)]
+    assert named  # fanout init's starter names the configuration reference
+    for path, doc in named:
+        assert doc.is_file(), (path, doc)
+
+
 def test_the_configuration_reference_names_every_key_the_parser_accepts() -> None:
     reference = section(page("configuration.md"), "Reference")
     for title, config in TABLES.items():
@@ -279,6 +295,14 @@ def test_the_troubleshooting_errors_are_the_real_ones(tmp_path: Path, relay: str
     lines.append(said(["compare", "hi", "-m", "mock/fast"], {}))
     for line in lines:
         assert line in shown, line
+    # A cut stream, as the embedded quick start shows it: both of flaky's lines.
+    (tmp_path / "fanout.toml").unlink()
+    cut = subprocess.run([sys.executable, "-m", "fanout.cli.main", "compare", "hi", "-m", "writer",
+                          "-m", "fault/truncate", "-m", "fault/stall:3"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120, env={k: v for k, v in os.environ.items()
+                                           if k not in ("OPENAI_BASE_URL", "OPENAI_API_KEY")})
+    flaky = [line for line in cut.stderr.splitlines() if line.startswith("fanout compare: flaky")]
+    assert len(flaky) == 2 and all(line in shown for line in flaky), flaky
 
 
 def test_the_readme_library_snippet_runs_as_written(tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ DEFAULT_BASE_URL = "https://api.openai.com/v1"
 _STARTER = """\
 # fanout's config, written by `fanout init`. `fanout compare "hi"` runs the [compare]
 # models; `-m ID` takes any model id of the endpoint too (`fanout models` lists them).
-# Every key is described in the README's "Config" section.
+# Every key is described in the configuration reference (docs/configuration.md).
 
 [endpoint]
 # Your OpenAI-compatible server: a relay, vLLM, llama.cpp, Ollama, OpenAI, ...
