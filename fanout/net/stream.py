@@ -63,6 +63,7 @@ from ..core.parser import StreamParser
 from ..core.result import Attempt, Outcome, StreamError, StreamResult, Timings
 from ..records import dumps
 from ..request import Endpoint, StreamRequest, StreamSettings
+from .idle import IdleWatch
 from .transport import FRESH_CONNECTION, ShardedTransport
 
 __all__ = ["DEFAULT_SETTINGS", "StreamRunner"]
@@ -117,6 +118,7 @@ class StreamRunner:
         on_result: Callable[[StreamRunner, StreamResult], None] | None = None,
         others_running: Callable[[StreamRunner], int] | None = None,
         on_slot: Callable[[StreamRunner], None] | None = None,
+        idle_watch: IdleWatch | None = None,
     ) -> None:
         self.client = client
         self.endpoint = endpoint
@@ -169,6 +171,13 @@ class StreamRunner:
         self._parser = self._new_parser()  # the current attempt's: it holds the output
         self._last: _AttemptEnd | None = None
         self._current = (0, 0.0)  # the attempt under way: its number and the wait before it
+        #: The idle deadline: when it falls (moved by every event: a float, no heap),
+        #: watched by ``idle_watch`` (one task for the fan-out's streams); without
+        #: one, the attempt's scope carries it, moved on every event.
+        self._idle_watch = idle_watch
+        self.idle_due = math.inf
+        self.idle_entry: list[object] | None = None
+        self._idle_fired = False
 
     async def emit(self, event: Event) -> None:
         """Send one event, waiting for buffer space (backpressure)."""
@@ -386,6 +395,23 @@ class StreamRunner:
         assert self._attempt_scope is not None
         self._attempt_scope.deadline = min(self._attempt_deadlines.values(), default=math.inf)
 
+    def _arm_idle(self, due: float) -> None:
+        """The idle deadline falls at ``due`` (``math.inf``: paused)."""
+        watch = self._idle_watch
+        if watch is None:
+            self._attempt_deadlines["idle"] = due
+            self._set_deadlines()
+            return
+        self.idle_due = due
+        if self.idle_entry is None and due != math.inf:
+            watch.arm(self)
+
+    def idle_expired(self) -> None:
+        """Called by the ``IdleWatch``: no event within the idle deadline."""
+        if self._attempt_scope is not None and not self._stop_reading:
+            self._idle_fired = True
+            self._attempt_scope.cancel()
+
     async def _trace(self, name: str, info: dict[str, Any]) -> None:
         """httpcore's trace hook: its first event means a connection was ours.
 
@@ -419,6 +445,15 @@ class StreamRunner:
 
     async def _attempt(self, number: int, parser: StreamParser, end: _AttemptEnd, *,
                        fresh: bool = False) -> None:
+        try:
+            await self._attempt_watched(number, parser, end, fresh=fresh)
+        finally:  # however the attempt ends (a cancel from outside too): unwatched
+            self.idle_due = math.inf
+            if self._idle_watch is not None:
+                self._idle_watch.disarm(self)
+
+    async def _attempt_watched(self, number: int, parser: StreamParser, end: _AttemptEnd, *,
+                               fresh: bool = False) -> None:
         deadlines = self.deadlines
         self._connection = None
         self._points = {}
@@ -429,6 +464,8 @@ class StreamRunner:
         if self._first_sent is None:
             self._first_sent = self._points["request_sent"]
         self._attempt_deadlines = {}
+        self._idle_fired = False
+        self.idle_due = math.inf
         if not self._traced:  # else from the trace hook: once a pooled connection is ours
             self._arm_request_deadlines(sent)
         ours = {**self.endpoint.headers, **self.request.headers}
@@ -485,7 +522,8 @@ class StreamRunner:
         self._attempt_scope = None
         self._asked = None
         if scope.cancelled_caught and not self._stop_reading:
-            name = min(self._attempt_deadlines, key=self._attempt_deadlines.__getitem__)
+            name = ("idle" if self._idle_fired else
+                    min(self._attempt_deadlines, key=self._attempt_deadlines.__getitem__))
             end.timed_out = name
             limit = getattr(deadlines, name)
             what = {"first_byte": "no first byte", "first_token": "no first token",
@@ -520,8 +558,7 @@ class StreamRunner:
             return
         idle = self.deadlines.idle
         if idle:
-            self._attempt_deadlines["idle"] = trio.current_time() + idle
-            self._set_deadlines()
+            self._arm_idle(trio.current_time() + idle)
         content_type = response.headers.get("content-type", "")
         if content_type and "event-stream" not in content_type:
             limit = self.settings.max_response_bytes or 64 * 1024 * 1024
@@ -558,8 +595,12 @@ class StreamRunner:
                     else:
                         await self._deliver(events, end)
                     if idle:  # re-armed after delivery: a slow consumer is not an idle upstream
-                        self._attempt_deadlines["idle"] = trio.current_time() + idle
-                        self._set_deadlines()
+                        if self._idle_watch is not None:
+                            self.idle_due = trio.current_time() + idle
+                            if self.idle_entry is None:
+                                self._idle_watch.arm(self)
+                        else:
+                            self._arm_idle(trio.current_time() + idle)
                 if parser.stopped:
                     break
             if inflater is not None and inflater.error is not None and not parser.stopped:
@@ -634,6 +675,7 @@ class StreamRunner:
         scope = self._attempt_scope
         assert scope is not None
         scope.deadline = math.inf
+        self.idle_due = math.inf  # paused; re-armed by the read loop after this
         before = trio.current_time()
         sent = 0
         with trio.CancelScope(shield=True) as wait:
