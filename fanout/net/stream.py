@@ -64,6 +64,7 @@ from ..core.parser import StreamParser
 from ..core.result import Attempt, Outcome, StreamError, StreamResult, Timings
 from ..records import dumps
 from ..request import Endpoint, StreamRequest, StreamSettings
+from .body import body_reader
 from .idle import IdleWatch
 from .transport import FRESH_CONNECTION, ShardedTransport
 
@@ -581,7 +582,7 @@ class StreamRunner:
             end.error = parser.result().error
             return
         last_event: float | None = None
-        async for raw in _body(response):
+        async for raw in body_reader(response) or _body(response):
             if self._stop_reading:
                 continue  # cancelled: the cancellation lands inside httpx's iterator
             if not end.body_started:
