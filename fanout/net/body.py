@@ -21,7 +21,9 @@ of ours: a read cancelled mid-way leaves nothing unfinished.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import errno
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import h11
@@ -36,12 +38,46 @@ __all__ = ["RECEIVE_SIZE", "body_reader"]
 RECEIVE_SIZE = 16 * 1024
 
 
+class _SocketReader:
+    """``receive_some`` of a plain ``trio.SocketStream``, with one wake-up per read.
+
+    trio's own first tries ``recv`` (at one event per read the data is rarely
+    there yet: a failed system call and its exception), then waits, reads, and
+    yields once more on the way out.  This waits for the socket, then reads:
+    the same cancellation rules (a cancelled wait read nothing), the same
+    errors (``BrokenResourceError`` from the ``OSError``, ``ClosedResourceError``
+    once the socket is closed).
+    """
+
+    __slots__ = ("_socket",)
+
+    def __init__(self, socket: trio.socket.SocketType) -> None:
+        self._socket = socket
+
+    async def __call__(self, size: int) -> bytes:
+        socket = self._socket
+        while True:
+            fd = socket.fileno()
+            if fd < 0:
+                raise trio.ClosedResourceError("this socket was already closed")
+            await trio.lowlevel.wait_readable(fd)
+            try:
+                return os.read(fd, size)
+            except BlockingIOError:
+                continue  # woken without data (it happens): wait again
+            except OSError as exc:  # in trio's words, for the same messages downstream
+                if exc.errno in (errno.EBADF, errno.ENOTSOCK):
+                    raise trio.ClosedResourceError("this socket was already closed") from None
+                raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
+
+
 class _H11Body:
     """Reads a response body off an httpcore HTTP/1.1 connection's h11 state machine."""
 
     __slots__ = ("_done", "_h11", "_receive")
 
-    def __init__(self, state: h11.Connection, receive: Any) -> None:
+    def __init__(self, state: h11.Connection, receive: Callable[[int], Awaitable[bytes]]
+                 ) -> None:
         self._h11 = state
         self._receive = receive
         self._done = False
@@ -62,7 +98,7 @@ class _H11Body:
                 try:
                     data = await self._receive(RECEIVE_SIZE)
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                    raise httpx.ReadError(str(exc)) from exc
+                    raise httpx.ReadError(str(exc)) from exc  # as httpcore and httpx map it
                 state.receive_data(data)
                 continue
             if type(event) is h11.Data:
@@ -98,4 +134,6 @@ def body_reader(response: httpx.Response) -> AsyncIterator[bytes] | None:
             or type(network).__name__ != "TrioStream" or state.their_state is not h11.SEND_BODY):
         return None
     response.is_stream_consumed = True  # as aiter_raw marks it: no second reader
+    if type(socket_stream) is trio.SocketStream:  # plain TCP: TLS goes through its stream
+        return _H11Body(state, _SocketReader(socket_stream.socket))
     return _H11Body(state, receive)

@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import errno
+import socket
+import struct
 from typing import Any
 
 import attrs
 import pytest
+import trio
 
 import fanout.net.stream as stream_module
 from fanout import Endpoint, Outcome, RetryPolicy, StreamRequest, StreamResult, run_fanout
@@ -70,3 +74,52 @@ async def test_a_body_read_to_its_end_leaves_its_connection_to_the_pool(
                  for r in results.values())
     assert upstream.stats.connections_opened <= 1 + broken + 4
     assert upstream.stats.connections_opened < len(results)
+
+
+async def _pair() -> tuple[trio.SocketStream, trio.SocketStream]:
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    client = await trio.open_tcp_stream("127.0.0.1", port)
+    server = await listeners[0].accept()
+    await listeners[0].aclose()
+    return client, server
+
+
+def _readers(client: trio.SocketStream) -> dict[str, Any]:
+    return {"lean": body._SocketReader(client.socket), "trio": client.receive_some}
+
+
+@pytest.mark.parametrize("which", ["lean", "trio"])
+async def test_the_socket_reader_reads_as_trio_does(which: str) -> None:
+    client, server = await _pair()
+    read = _readers(client)[which]
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await read(100)  # cancelled before any data: nothing read
+    await server.send_all(b"data: one\n\n")
+    assert await read(100) == b"data: one\n\n"
+    await server.send_all(b"abcdef")
+    assert await read(4) == b"abcd"
+    assert await read(100) == b"ef"
+    await server.aclose()
+    assert await read(100) == b""
+    await client.aclose()
+    with pytest.raises(trio.ClosedResourceError):
+        await read(100)
+
+
+async def test_a_reset_reads_as_the_same_error_as_trios() -> None:
+    errors: dict[str, BaseException] = {}
+    for which in ("lean", "trio"):
+        client, server = await _pair()
+        # SO_LINGER with a zero timeout: close() sends RST, not FIN.
+        server.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        await server.aclose()
+        with pytest.raises(trio.BrokenResourceError) as info:
+            await _readers(client)[which](100)
+        errors[which] = info.value
+        await client.aclose()
+    assert str(errors["lean"]) == str(errors["trio"])
+    assert "Connection reset" in str(errors["lean"])
+    causes = [e.__cause__ for e in errors.values()]
+    assert all(isinstance(c, OSError) and c.errno == errno.ECONNRESET for c in causes)
