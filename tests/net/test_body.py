@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import errno
+import random
 import socket
 import struct
 from typing import Any
 
 import attrs
+import h11
+import httpx
 import pytest
 import trio
 
@@ -123,3 +126,86 @@ async def test_a_reset_reads_as_the_same_error_as_trios() -> None:
     assert "Connection reset" in str(errors["lean"])
     causes = [e.__cause__ for e in errors.values()]
     assert all(isinstance(c, OSError) and c.errno == errno.ECONNRESET for c in causes)
+
+
+def _chunked(payloads: list[bytes]) -> bytes:
+    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in payloads)
+
+
+BODIES = {
+    "plain": _chunked([b"data: %d\n\n" % i * (i % 5 + 1) for i in range(40)]) + b"0\r\n\r\n",
+    "extensions and trailers": (_chunked([b"one "]) + b"5;name=value\r\ntwo  \r\n"
+                                + _chunked([b"three"]) + b"0\r\nx-trailer: 1\r\n\r\n"),
+    "upper-case hex and leading zeros": (b"000A\r\n0123456789\r\n" + _chunked([b"x" * 300])
+                                         + b"00\r\n\r\n"),
+    "cut mid-chunk": _chunked([b"abc"]) + b"10\r\nonly part",
+    "cut mid-header": _chunked([b"abc"]) + b"1",
+    "bad footer": _chunked([b"abc"]) + b"3\r\ndefXY" + _chunked([b"g"]) + b"0\r\n\r\n",
+    "bad header": _chunked([b"abc"]) + b"zz\r\nnope\r\n0\r\n\r\n",
+}
+
+
+async def _read_all(raw: bytes, cuts: list[int], own: bool, monkeypatch: pytest.MonkeyPatch
+                    ) -> tuple[bytes, str, Any]:
+    state = h11.Connection(h11.CLIENT)
+    state.send(h11.Request(method="GET", target="/", headers=[("host", "x")]))
+    state.send(h11.EndOfMessage())
+    state.receive_data(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+    assert type(state.next_event()) is h11.Response
+    pieces = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True)]
+    pieces.append(b"")
+
+    async def receive(size: int) -> bytes:
+        await trio.lowlevel.checkpoint()
+        return pieces.pop(0)
+
+    reader = body._H11Body(state, receive)
+    if not own:
+        monkeypatch.setattr(body._H11Body, "_at_boundary", lambda self: False)
+    got = []
+    error = ""
+    try:
+        async for data in reader:
+            got.append(data)
+    except httpx.HTTPError as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    return b"".join(got), error, (state.our_state, state.their_state)
+
+
+@pytest.mark.parametrize("name", sorted(BODIES))
+@pytest.mark.parametrize("seed", range(6))
+async def test_chunks_decoded_here_read_as_h11_reads_them(name: str, seed: int,
+                                                         monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    # Whole, byte by byte, and at random cuts: the same payload, the same error, and
+    # the same end state (DONE: the connection can go back to the pool) as h11 alone.
+    raw = BODIES[name]
+    rng = random.Random(seed)
+    cuts = ([] if seed == 0 else list(range(1, len(raw))) if seed == 1
+            else sorted(rng.sample(range(1, len(raw)), rng.randrange(1, min(30, len(raw))))))
+    with monkeypatch.context() as patch:
+        h11_alone = await _read_all(raw, cuts, False, patch)
+    decoded_here = await _read_all(raw, cuts, True, monkeypatch)
+    assert decoded_here[:2] == h11_alone[:2]
+    if not name.startswith(("cut", "bad")):
+        assert h11_alone[1] == "" and decoded_here[2] == h11_alone[2] == (h11.DONE, h11.DONE)
+    else:  # an error, and a connection that does not go back to the pool
+        assert h11_alone[1] and decoded_here[2][1] is not h11.DONE
+
+
+async def test_the_reader_takes_over_between_chunks() -> None:
+    state = h11.Connection(h11.CLIENT)
+    state.send(h11.Request(method="GET", target="/", headers=[("host", "x")]))
+    state.send(h11.EndOfMessage())
+    state.receive_data(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+    state.next_event()
+    pieces = [_chunked([b"a"]), _chunked([b"b"]), _chunked([b"c"]) + b"0\r\n\r\n"]
+    seen = []
+
+    async def receive(size: int) -> bytes:
+        seen.append(reader._own)
+        return pieces.pop(0)
+
+    reader = body._H11Body(state, receive)
+    assert [data async for data in reader] == [b"a", b"b", b"c"]
+    assert seen == [True, True, True] and state.their_state is h11.DONE
