@@ -42,7 +42,7 @@ import random
 import re
 import zlib
 from array import array
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -590,11 +590,18 @@ class StreamRunner:
                 self._mark("first_byte")
                 if self._attempt_deadlines.pop("first_byte", None) is not None:
                     self._set_deadlines()
-            for data in (inflater.pieces(raw) if inflater is not None else (raw,)):
+            batch: Iterable[bytes] = [raw] if inflater is None else inflater.pieces(raw)
+            del raw
+            for data in batch:
                 try:
                     events = parser.feed(data)
                 except ProtocolError:
                     events = []  # strict mode: the parser recorded it and stopped
+                # Parsed: a stream that waits for its consumer below holds its events, not
+                # the read's bytes too (up to RECEIVE_SIZE each, thousands of streams).
+                del data
+                if type(batch) is list:
+                    batch.clear()  # (a list of one: the loop ends after this piece)
                 if events:
                     now = trio.current_time()
                     if last_event is not None:
