@@ -39,37 +39,12 @@ __all__ = ["RECEIVE_SIZE", "body_reader"]
 RECEIVE_SIZE = 16 * 1024
 
 
-class _SocketReader:
-    """``receive_some`` of a plain ``trio.SocketStream``, with one wake-up per read.
-
-    trio's own first tries ``recv`` (at one event per read the data is rarely
-    there yet: a failed system call and its exception), then waits, reads, and
-    yields once more on the way out.  This waits for the socket, then reads:
-    the same cancellation rules (a cancelled wait read nothing), the same
-    errors (``BrokenResourceError`` from the ``OSError``, ``ClosedResourceError``
-    once the socket is closed).
-    """
-
-    __slots__ = ("_socket",)
-
-    def __init__(self, socket: trio.socket.SocketType) -> None:
-        self._socket = socket
-
-    async def __call__(self, size: int) -> bytes:
-        socket = self._socket
-        while True:
-            fd = socket.fileno()
-            if fd < 0:
-                raise trio.ClosedResourceError("this socket was already closed")
-            await trio.lowlevel.wait_readable(fd)
-            try:
-                return os.read(fd, size)
-            except BlockingIOError:
-                continue  # woken without data (it happens): wait again
-            except OSError as exc:  # in trio's words, for the same messages downstream
-                if exc.errno in (errno.EBADF, errno.ENOTSOCK):
-                    raise trio.ClosedResourceError("this socket was already closed") from None
-                raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
+def _broken(exc: OSError) -> trio.ClosedResourceError | trio.BrokenResourceError:
+    """The error trio's ``SocketStream`` raises for ``exc``, in its words (so the
+    messages downstream are the same)."""
+    if exc.errno in (errno.EBADF, errno.ENOTSOCK):
+        return trio.ClosedResourceError("this socket was already closed")
+    return trio.BrokenResourceError(f"socket connection broken: {exc}")
 
 
 _HEX = b"0123456789abcdefABCDEF"
@@ -88,12 +63,13 @@ class _H11Body:
     every error in its own words (the end of the input is handed to it too).
     """
 
-    __slots__ = ("_done", "_error", "_footer", "_h11", "_left", "_own", "_receive")
+    __slots__ = ("_done", "_error", "_footer", "_h11", "_left", "_own", "_receive", "_socket")
 
-    def __init__(self, state: h11.Connection, receive: Callable[[int], Awaitable[bytes]]
-                 ) -> None:
+    def __init__(self, state: h11.Connection, receive: Callable[[int], Awaitable[bytes]],
+                 socket: trio.socket.SocketType | None = None) -> None:
         self._h11 = state
         self._receive = receive
+        self._socket = socket  # a plain TCP socket: read directly (``_read``)
         self._done = False
         self._own = False  # decoding the chunks here
         self._left = 0  # bytes of the current chunk still to come
@@ -139,8 +115,27 @@ class _H11Body:
             raise StopAsyncIteration
 
     async def _read(self) -> bytes:
+        socket = self._socket
         try:
-            return await self._receive(RECEIVE_SIZE)
+            if socket is None:
+                return await self._receive(RECEIVE_SIZE)
+            # A plain TCP socket, read here, with one wake-up per read.  trio's own
+            # ``receive_some`` first tries to read (at one event per read the data is
+            # rarely there yet: a failed system call and its exception), then waits,
+            # reads, and yields once more.  This waits, then reads: the same rules on
+            # cancellation (a cancelled wait read nothing) and the same errors.  No
+            # coroutine in between either: each is work for the cyclic GC.
+            while True:
+                fd = socket.fileno()
+                if fd < 0:
+                    raise trio.ClosedResourceError("this socket was already closed")
+                await trio.lowlevel.wait_readable(fd)
+                try:
+                    return os.read(fd, RECEIVE_SIZE)
+                except BlockingIOError:
+                    continue
+                except OSError as exc:
+                    raise _broken(exc) from exc
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise httpx.ReadError(str(exc)) from exc  # as httpcore and httpx map it
 
@@ -213,5 +208,5 @@ def body_reader(response: httpx.Response) -> AsyncIterator[bytes] | None:
         return None
     response.is_stream_consumed = True  # as aiter_raw marks it: no second reader
     if type(socket_stream) is trio.SocketStream:  # plain TCP: TLS goes through its stream
-        return _H11Body(state, _SocketReader(socket_stream.socket))
+        return _H11Body(state, receive, socket_stream.socket)
     return _H11Body(state, receive)
