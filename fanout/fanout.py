@@ -35,6 +35,7 @@ from ._channel import EventChannel
 from .core.events import Event
 from .core.result import ChoiceResult, StreamResult, Usage
 from .core.sse import DEFAULT_MAX_EVENT_SIZE
+from .net.idle import IdleWatch
 from .net.stream import StreamRunner
 from .net.transport import make_client
 from .request import (
@@ -201,6 +202,7 @@ class Fanout:
         self._queue_room = trio.Semaphore(max_queued + (max_concurrency or 0))
         self._holding_room: set[StreamRunner] = set()
         self._endpoint_streams = endpoint_streams
+        self._idle_watch = IdleWatch(nursery)  # one task watches every stream's idle deadline
 
     @property
     def running(self) -> AbstractSet[str]:
@@ -232,7 +234,8 @@ class Fanout:
         send = self._send.clone()  # one per producer: the consumer sees the end
         runner = StreamRunner(self._client, self._endpoint, request, send, self._settings,
                               rng=self._rng, on_result=self._store,
-                              others_running=self._others_running, on_slot=self._slot_taken)
+                              others_running=self._others_running, on_slot=self._slot_taken,
+                              idle_watch=self._idle_watch)
         self._runners[request.key] = runner
         self._queued.add(request.key)
         self._nursery.start_soon(self._run, runner, send, barrier,

@@ -42,7 +42,8 @@ import random
 import re
 import socket
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from array import array
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import AsyncExitStack
 from typing import Any
 from urllib.parse import urlsplit
@@ -65,6 +66,8 @@ from ..core.parser import StreamParser
 from ..core.result import Attempt, Outcome, StreamError, StreamResult, Timings
 from ..records import dumps
 from ..request import Endpoint, StreamRequest, StreamSettings
+from .body import body_reader
+from .idle import IdleWatch
 from .transport import FRESH_CONNECTION, ShardedTransport
 
 __all__ = ["DEFAULT_SETTINGS", "StreamRunner", "connect_failure", "public_url"]
@@ -107,6 +110,16 @@ class _AttemptEnd:
 class StreamRunner:
     """Runs one ``StreamRequest``; ``cancel()`` may be called at any time, from any task."""
 
+    # Slots: thousands of these live at once (a dict per instance costs ~1 KB).
+    __slots__ = ("_asked", "_attempt_deadlines", "_attempt_scope", "_blocked", "_body",
+                 "_connection", "_current", "_deaf", "_first_sent", "_gaps", "_idle_fired",
+                 "_idle_watch", "_last", "_origin", "_parser", "_pending", "_points",
+                 "_pool_wait", "_stop_reading", "_traced", "api", "attempt", "cancel_reason",
+                 "cancel_requested", "channel", "client", "content_key", "deadlines",
+                 "endpoint", "fanout_deadline", "finished", "idle_due", "idle_entry", "key",
+                 "on_result", "on_slot", "others_running", "request", "result", "retry", "rng",
+                 "scope", "settings", "state", "status", "url")
+
     def __init__(
         self,
         client: httpx.AsyncClient,
@@ -119,6 +132,7 @@ class StreamRunner:
         on_result: Callable[[StreamRunner, StreamResult], None] | None = None,
         others_running: Callable[[StreamRunner], int] | None = None,
         on_slot: Callable[[StreamRunner], None] | None = None,
+        idle_watch: IdleWatch | None = None,
     ) -> None:
         self.client = client
         self.endpoint = endpoint
@@ -161,7 +175,8 @@ class StreamRunner:
         self._first_sent: float | None = None
         self._pool_wait = 0.0  # waiting for a connection of the client's pool: queueing
         self._asked: float | None = None  # this attempt handed its request to the client
-        self._gaps: list[float] = []
+        #: Gaps between events, 8 bytes each (a list of floats costs 32): exact statistics.
+        self._gaps = array("d")
         self._attempt_deadlines: dict[str, float] = {}
         self._attempt_scope: trio.CancelScope | None = None
         #: The attempt's connection, from httpcore's first trace event for it: "new"
@@ -171,6 +186,13 @@ class StreamRunner:
         self._parser = self._new_parser()  # the current attempt's: it holds the output
         self._last: _AttemptEnd | None = None
         self._current = (0, 0.0)  # the attempt under way: its number and the wait before it
+        #: The idle deadline: when it falls (moved by every event: a float, no heap),
+        #: watched by ``idle_watch`` (one task for the fan-out's streams); without
+        #: one, the attempt's scope carries it, moved on every event.
+        self._idle_watch = idle_watch
+        self.idle_due = math.inf
+        self.idle_entry: list[object] | None = None
+        self._idle_fired = False
 
     async def emit(self, event: Event) -> None:
         """Send one event, waiting for buffer space (backpressure)."""
@@ -388,6 +410,23 @@ class StreamRunner:
         assert self._attempt_scope is not None
         self._attempt_scope.deadline = min(self._attempt_deadlines.values(), default=math.inf)
 
+    def _arm_idle(self, due: float) -> None:
+        """The idle deadline falls at ``due`` (``math.inf``: paused)."""
+        watch = self._idle_watch
+        if watch is None:
+            self._attempt_deadlines["idle"] = due
+            self._set_deadlines()
+            return
+        self.idle_due = due
+        if self.idle_entry is None and due != math.inf:
+            watch.arm(self)
+
+    def idle_expired(self) -> None:
+        """Called by the ``IdleWatch``: no event within the idle deadline."""
+        if self._attempt_scope is not None and not self._stop_reading:
+            self._idle_fired = True
+            self._attempt_scope.cancel()
+
     async def _trace(self, name: str, info: dict[str, Any]) -> None:
         """httpcore's trace hook: its first event means a connection was ours.
 
@@ -421,16 +460,27 @@ class StreamRunner:
 
     async def _attempt(self, number: int, parser: StreamParser, end: _AttemptEnd, *,
                        fresh: bool = False) -> None:
+        try:
+            await self._attempt_watched(number, parser, end, fresh=fresh)
+        finally:  # however the attempt ends (a cancel from outside too): unwatched
+            self.idle_due = math.inf
+            if self._idle_watch is not None:
+                self._idle_watch.disarm(self)
+
+    async def _attempt_watched(self, number: int, parser: StreamParser, end: _AttemptEnd, *,
+                               fresh: bool = False) -> None:
         deadlines = self.deadlines
         self._connection = None
         self._points = {}
-        self._gaps = []
+        self._gaps = array("d")
         self._stop_reading = False
         self._mark("request_sent")
         sent = trio.current_time()
         if self._first_sent is None:
             self._first_sent = self._points["request_sent"]
         self._attempt_deadlines = {}
+        self._idle_fired = False
+        self.idle_due = math.inf
         if not self._traced:  # else from the trace hook: once a pooled connection is ours
             self._arm_request_deadlines(sent)
         ours = {**self.endpoint.headers, **self.request.headers}
@@ -488,7 +538,8 @@ class StreamRunner:
         self._attempt_scope = None
         self._asked = None
         if scope.cancelled_caught and not self._stop_reading:
-            name = min(self._attempt_deadlines, key=self._attempt_deadlines.__getitem__)
+            name = ("idle" if self._idle_fired else
+                    min(self._attempt_deadlines, key=self._attempt_deadlines.__getitem__))
             end.timed_out = name
             limit = getattr(deadlines, name)
             what = {"first_byte": "no first byte", "first_token": "no first token",
@@ -546,8 +597,7 @@ class StreamRunner:
             return
         idle = self.deadlines.idle
         if idle:
-            self._attempt_deadlines["idle"] = trio.current_time() + idle
-            self._set_deadlines()
+            self._arm_idle(trio.current_time() + idle)
         content_type = response.headers.get("content-type", "")
         if content_type and "event-stream" not in content_type:
             limit = self.settings.max_response_bytes or 64 * 1024 * 1024
@@ -558,7 +608,8 @@ class StreamRunner:
             end.error = parser.result().error
             return
         last_event: float | None = None
-        async for raw in _body(response):
+        single = _Single()
+        async for raw in body_reader(response) or _body(response):
             if self._stop_reading:
                 continue  # cancelled: the cancellation lands inside httpx's iterator
             if not end.body_started:
@@ -566,11 +617,16 @@ class StreamRunner:
                 self._mark("first_byte")
                 if self._attempt_deadlines.pop("first_byte", None) is not None:
                     self._set_deadlines()
-            for data in (inflater.pieces(raw) if inflater is not None else (raw,)):
+            batch = single.load(raw) if inflater is None else inflater.pieces(raw)
+            del raw
+            for data in batch:
                 try:
                     events = parser.feed(data)
                 except ProtocolError:
                     events = []  # strict mode: the parser recorded it and stopped
+                # Parsed: a stream that waits for its consumer below holds its events, not
+                # the read's bytes too (up to RECEIVE_SIZE each, thousands of streams).
+                del data
                 if events:
                     now = trio.current_time()
                     if last_event is not None:
@@ -584,8 +640,12 @@ class StreamRunner:
                     else:
                         await self._deliver(events, end)
                     if idle:  # re-armed after delivery: a slow consumer is not an idle upstream
-                        self._attempt_deadlines["idle"] = trio.current_time() + idle
-                        self._set_deadlines()
+                        if self._idle_watch is not None:
+                            self.idle_due = trio.current_time() + idle
+                            if self.idle_entry is None:
+                                self._idle_watch.arm(self)
+                        else:
+                            self._arm_idle(trio.current_time() + idle)
                 if parser.stopped:
                     break
             if inflater is not None and inflater.error is not None and not parser.stopped:
@@ -635,13 +695,14 @@ class StreamRunner:
         if rest:
             await self._deliver_waiting(rest)
 
-    def _send_ready(self, events: list[Any]) -> list[Any]:
-        """Send what fits in the buffer without waiting; return what did not fit."""
+    def _send_ready(self, events: list[Any]) -> Sequence[Any]:
+        """Send what fits in the buffer without waiting; return what did not fit (``()``,
+        not a new list, when all did: a container per read is work for the cyclic GC)."""
         if self._deaf:
-            return []
+            return ()
         if self._pending:  # cancelled with events kept: these go after them
             self._pending.extend(events)
-            return []
+            return ()
         send_nowait = self.channel.send_nowait
         for index, event in enumerate(events):
             try:
@@ -650,16 +711,17 @@ class StreamRunner:
                 return events[index:]
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self._deaf = True
-                return []
-        return []
+                return ()
+        return ()
 
-    async def _deliver_waiting(self, events: list[Any]) -> None:
+    async def _deliver_waiting(self, events: Sequence[Any]) -> None:
         if self.cancel_requested:  # no waiting once cancelled: kept for the end
             self._pending.extend(events)
             return
         scope = self._attempt_scope
         assert scope is not None
         scope.deadline = math.inf
+        self.idle_due = math.inf  # paused; re-armed by the read loop after this
         before = trio.current_time()
         sent = 0
         with trio.CancelScope(shield=True) as wait:
@@ -928,6 +990,31 @@ def _body(response: httpx.Response) -> AsyncIterator[bytes]:
     if response.is_stream_consumed:  # a response built with its content (a test double)
         return _Once(response.content)
     return response.aiter_raw()
+
+
+class _Single:
+    """Iterates over one piece of bytes, and lets go of it once taken.  Loaded
+    again for every read (``load``): no container is made per read, which
+    would be work for the cyclic GC (at thousands of streams it was a third of
+    a fan-out's CPU)."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self) -> None:
+        self._data: bytes | None = None
+
+    def load(self, data: bytes) -> _Single:
+        self._data = data
+        return self
+
+    def __iter__(self) -> _Single:
+        return self
+
+    def __next__(self) -> bytes:
+        data, self._data = self._data, None
+        if data is None:
+            raise StopIteration
+        return data
 
 
 class _RequestBody(httpx.AsyncByteStream):

@@ -304,3 +304,35 @@ def test_tool_schema_patterns_still_validate() -> None:
         "(root): 'y' does not match any of the regexes: '^x_'",
         "s: 'ab' does not match '^a+$'",
         "x_1: 'one' is not of type 'integer'"]
+
+
+@pytest.mark.parametrize("fold", ["add", "extend", "extend in pieces"])
+def test_long_text_is_joined_as_it_comes(fold: str) -> None:
+    # A string object per token costs ~50 bytes beyond its characters: the accumulator
+    # joins runs of fragments as they come, so 1,000 tokens are a few dozen strings, and
+    # the text, reasoning, refusal and tool-call arguments are exactly what was sent.
+    from fanout.core.events import ReasoningDelta, RefusalDelta
+
+    tokens = [f"t{i} " for i in range(1000)]
+    events: list[Any] = []
+    for i, token in enumerate(tokens):
+        events += [TextDelta(0, token), ReasoningDelta(0, token.upper()),
+                   RefusalDelta(0, token[::-1]),
+                   ToolCallDelta(0, 0, "c1" if i == 0 else None, "f" if i == 0 else None,
+                                 None, token)]
+    acc = Accumulator()
+    if fold == "add":
+        for event in events:
+            acc.add(event)
+    elif fold == "extend":
+        acc.extend(events)
+    else:
+        for start in range(0, len(events), 7):
+            acc.extend(events[start:start + 7])
+    acc.add(ChoiceFinished(0, "stop"))
+    (choice,) = acc.choices()
+    assert choice.text == "".join(tokens)
+    assert choice.reasoning == "".join(t.upper() for t in tokens)
+    assert choice.refusal == "".join(t[::-1] for t in tokens)
+    assert choice.tool_calls[0].arguments == "".join(tokens)
+    assert len(acc.texts(0)) <= 1000 // 32 + 32
