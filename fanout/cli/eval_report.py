@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..eval.aggregate import Comparison, Evaluation, Flip, ModelRow, Paired, ScorerRow
+from ..eval.cost import format_cost
 from ..eval.stats import EXACT_BELOW, Estimate
 from .render import pair_lines, printable
 
@@ -60,21 +61,6 @@ def _p(value: float | None) -> str:
     if value is None:
         return "-"
     return "<0.001" if value < 0.001 else f"{value:.3f}"
-
-
-def format_cost(total: float | None, unknown: int) -> str:
-    """``$0.01234``: four significant digits, ``+`` when some are unknown, ``-`` if all."""
-    if total is None:
-        return "-"
-    if total == 0:
-        text = "$0"
-    elif total >= 100:
-        text = f"${total:,.0f}"
-    else:
-        text = f"${total:.4g}" if total >= 0.0001 else f"${total:.2g}"
-        if "e" in text:
-            text = f"${total:.6f}".rstrip("0")
-    return text + ("+" if unknown else "")
 
 
 # ------------------------------------------------------------------------- layout

@@ -35,6 +35,7 @@ from ..files import replace_whole
 from ..records import dumps
 from ..store.results import state_of
 from .aggregate import Comparison, Evaluation, Run, to_json
+from .cost import format_cost, round_cost
 
 __all__ = ["MAX_TEXT", "page", "report_data", "write_report"]
 
@@ -68,12 +69,17 @@ def _cell(key: str, record: Mapping[str, Any], run: Run) -> dict[str, Any]:
                 "passed": score.get("passed"), "explanation": _cut(score.get("explanation")),
                 "judge": {"model": judge.get("model"), "text": _cut(judge.get("text")),
                           "cost": judge.get("cost")} if judge else None}
+    cost = record.get("cost")
+    cost = float(cost) if isinstance(cost, int | float) and not isinstance(cost, bool) else None
     return {
         "id": str(record["id"]), "model": str(record["model"]), "sample": record["sample"],
         "outcome": record.get("outcome"), "state": state_of(record),
         "reason": _cut(record.get("reason")) or None,
         "flags": [f for f in record.get("flags") or [] if isinstance(f, str)]
         if isinstance(record.get("flags"), list) else [],
+        # The words every view uses (fanout.records.flag_label), from the record.
+        "flag_labels": [f for f in record.get("flag_labels") or [] if isinstance(f, str)]
+        if isinstance(record.get("flag_labels"), list) else [],
         "text": _cut(record.get("text") if isinstance(record.get("text"), str)
                      else first.get("text")),
         "reasoning": _cut(first.get("reasoning")), "refusal": _cut(first.get("refusal")),
@@ -84,10 +90,12 @@ def _cell(key: str, record: Mapping[str, Any], run: Run) -> dict[str, Any]:
                         "schema_valid": _dict(c).get("schema_valid")}
                        for c in calls] if isinstance(calls, list) else [],
         "metrics": {name: metrics.get(name) for name in
-                    ("ttft", "ttfc", "tokens_per_second", "e2e_latency", "generation_time")},
+                    ("ttft", "ttfc", "tokens_per_second", "tokens_estimated", "e2e_latency",
+                     "generation_time", "output_chars")},
         "usage": {name: usage.get(name) for name in
                   ("prompt_tokens", "completion_tokens", "total_tokens")} if usage else None,
-        "cost": record.get("cost"), "cost_source": record.get("cost_source"),
+        "cost": round_cost(cost), "cost_text": None if cost is None else format_cost(cost),
+        "cost_source": record.get("cost_source"),
         "model_id": record.get("model_id"), "scores": scores,
     }
 

@@ -405,7 +405,7 @@ def test_an_empty_answer_is_flagged_and_fails_the_run(config: str) -> None:
     assert err == ("fanout compare: empty: completed (finish stop), but the answer is empty: "
                    "no text, reasoning, refusal or tool call\n")  # it ran alone: no cut advice
     block = next(line for line in out.splitlines() if line.startswith("== empty"))
-    assert " done finish stop " in block and block.endswith(" · ⚠ empty answer · no usage")
+    assert " done finish stop " in block and block.endswith(" · ⚠ empty answer · missing usage")
     assert "⚠ empty answer" in out[out.index(" model "):]  # the summary's note
     status, out, _ = compare(config, "empty", json_lines=True)
     result = json.loads(out.splitlines()[-1])
@@ -417,7 +417,7 @@ def test_a_flagged_choice_shows_and_the_run_still_passes(config: str) -> None:
     status, out, err = compare(config, "two")
     assert (status, err) == (0, "")
     block = next(line for line in out.splitlines() if line.startswith("== two"))
-    assert block.endswith(" · ⚠ choice 1 unfinished · no usage")
+    assert block.endswith(" · ⚠ choice 1 unfinished · missing usage")
 
 
 def test_done_without_a_finish_reason_is_truncated_with_its_reason(config: str) -> None:

@@ -236,7 +236,8 @@
       this.ended = true;
       this.status = record.outcome;
       this.reason = record.reason;
-      this.flags = record.flags || [];
+      // The labels are the server's (fanout.records.flag_label): one vocabulary in every view.
+      this.flags = record.flag_labels || (record.flags || []).map((f) => f.replaceAll("_", " "));
       this.timedOut = record.timed_out;
       this.metrics = record.metrics;
       this.endedAt = record.t;
@@ -313,7 +314,7 @@
         delete this.root.dataset.finish;
       }
       this.flagsNode.replaceChildren(
-        ...this.flags.map((flag) => el("span", "flag", flag.replaceAll("_", " "))));
+        ...this.flags.map((flag) => el("span", "flag", flag)));
       this.reasonNode.hidden = !this.reason;
       this.reasonNode.textContent = this.reason ? `⚠ ${this.reason}` : "";
       // An error the reason already says is not said twice.
@@ -616,7 +617,7 @@
         const finish = el("td");
         finish.append(el("span", LOUD_FINISH.has(row.finish_reason) ? "finish loud" : "finish",
                          row.finish_reason ?? "–"));
-        const notes = [row.reason, ...(row.flags || []).map((f) => f.replaceAll("_", " "))]
+        const notes = [row.reason, ...(row.flag_labels || [])]
           .filter(Boolean).join(" · ");
         tr.append(el("td", "name", row.stream), outcome, finish, el("td", "num", seconds(row.ttft)),
                   el("td", "num", perSecond(row.tokens_per_second, row.tokens_estimated).replace(" tok/s", "")),
