@@ -80,7 +80,9 @@ class Run:
     ``scores``: (work key, scorer) -> a score of that latest answer;
     ``stale``: scores of an older answer (left out); ``orphans``: scores of a key
     the results do not hold (left out); ``attempts``: per model, every record's cost
-    (``None``: unknown) and its (category, *tags).
+    (``None``: unknown) and its (category, *tags); ``prompts``: the prompt ids in order
+    of first appearance in the results file (the prompts file's order, as a batch writes
+    it), whatever order later redos wrote.
     """
 
     latest: dict[str, dict[str, Any]]  # whole records or ``Slim`` ones, as given
@@ -89,6 +91,7 @@ class Run:
     stale: int = 0
     orphans: int = 0
     attempts: dict[str, list[tuple[float | None, tuple[str, ...]]]] = attrs.Factory(dict)
+    prompts: tuple[str, ...] = ()
 
 
 def _default_answer_key() -> Callable[[Mapping[str, Any]], str]:
@@ -131,8 +134,10 @@ def prepare(records: Iterable[Mapping[str, Any]],
     key_of = answer_key or _default_answer_key()
     latest: dict[str, dict[str, Any]] = {}
     groups: dict[str, list[tuple[float | None, tuple[str, ...]]]] = {}
+    prompts: dict[str, None] = {}
     for record in records:
         key = work_key(record["id"], record["model"], record["sample"])
+        prompts.setdefault(str(record["id"]), None)
         latest.pop(key, None)
         latest[key] = record if isinstance(record, Slim) else dict(record)
         model = str(record["model"])
@@ -150,7 +155,7 @@ def prepare(records: Iterable[Mapping[str, Any]],
             stale += 1
         else:
             current[(key, scorer)] = dict(score)
-    return Run(latest, current, tuple(sorted(names)), stale, orphans, groups)
+    return Run(latest, current, tuple(sorted(names)), stale, orphans, groups, tuple(prompts))
 
 
 def _labels(record: Mapping[str, Any]) -> tuple[str, ...]:

@@ -11,7 +11,7 @@ string from the data as text (``textContent``, text nodes), never as markup.
 
 The page shows: the per-model summary per scorer with intervals, drawn (score per
 model with its interval; TTFT and tokens/s per model as box and strip plots, in
-SVG built by the script); the grid of prompts by models (each answer cut to a few
+SVG built by the script); the grid of prompts (in the prompts file's order) by models (each answer cut to a few
 lines, its outcome and scores), filtered to failures, errors, truncated, flagged
 empty, or *different* (models disagree on pass/fail, or, unscored, on the
 answer's text), or by a search; a detail per answer (the prompt's messages,
@@ -102,7 +102,8 @@ def _cell(key: str, record: Mapping[str, Any], run: Run) -> dict[str, Any]:
 
 def report_data(run: Run, evaluation: Evaluation, comparison: Comparison | None = None, *,
                 title: str = "", against: str | None = None) -> dict[str, Any]:
-    """What the page shows, as JSON-ready data: prompts, cells, the evaluation."""
+    """What the page shows, as JSON-ready data: prompts (in ``run.prompts``' order: the
+    prompts file's), cells, the evaluation."""
     prompts: dict[str, dict[str, Any]] = {}
     cells = []
     for key, record in run.latest.items():
@@ -128,9 +129,16 @@ def report_data(run: Run, evaluation: Evaluation, comparison: Comparison | None 
         "against": against,
         "models": sorted({cell["model"] for cell in cells}),
         "scorers": list(evaluation.scorers), "samples": evaluation.samples,
-        "prompts": list(prompts.values()), "cells": cells,
+        "prompts": [prompts[p] for p in _file_order(run, prompts)], "cells": cells,
         "evaluation": to_json(evaluation, comparison),
     }
+
+
+def _file_order(run: Run, prompts: Mapping[str, Any]) -> list[str]:
+    """The ids of ``prompts`` in the results file's first-appearance order (a ``Run``
+    built by hand, without ``prompts``, keeps its own order)."""
+    seen = [p for p in run.prompts if p in prompts]
+    return seen + [p for p in prompts if p not in set(seen)]
 
 
 def _asset(name: str) -> str:

@@ -316,9 +316,12 @@
     head.appendChild(el("th", null, "prompt"));
     for (const model of DATA.models) head.appendChild(el("th", null, model));
     const body = grid.appendChild(el("tbody"));
-    const prompts = new Map(DATA.prompts.map((p) => [p.id, p]));
-    for (const [id, models] of byPrompt()) {
-      const prompt = prompts.get(id);
+    const cellsByPrompt = byPrompt();
+    // In the prompts file's order (DATA.prompts), never by id or by arrival.
+    for (const prompt of DATA.prompts) {
+      const id = prompt.id;
+      const models = cellsByPrompt.get(id);
+      if (!models) continue;
       const tr = body.appendChild(el("tr", "row"));
       tr.dataset.id = id;
       const first = tr.appendChild(el("th", "prompt"));
