@@ -594,9 +594,10 @@ def report(path: str, *, as_json: bool, stdout: TextIO | None = None,
                 "summary": summary, "evaluation": to_json(evaluation, comparison)}
         out.write(_json_text(data) + "\n")
         return 0
-    from .eval_report import comparison_view, evaluation_view
+    from .eval_report import comparison_view, evaluation_view, matrix_view
 
-    parts: list[RenderableType] = [summary_view(summary, console),
+    parts: list[RenderableType] = [*matrix_view(evaluation, console),
+                                   summary_view(summary, console),
                                    *evaluation_view(evaluation, console, cost=has_cost)]
     if comparison is not None and against is not None:
         parts += comparison_view(comparison, against, console)
