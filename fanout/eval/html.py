@@ -9,16 +9,15 @@ lone surrogates escaped) with ``<``, ``>`` and ``&`` escaped as well, so no
 answer can close the element; the script (``static/report.js``) inserts every
 string from the data as text (``textContent``, text nodes), never as markup.
 
-The page shows: the per-model summary per scorer with intervals, drawn (score per
-model with its interval; TTFT and tokens/s per model as box and strip plots, in
-SVG built by the script); the grid of prompts (in the prompts file's order) by
-models (each answer cut to a few lines, its outcome and scores), filtered to
+The page shows: the per-model summary per scorer with intervals, drawn (score
+per model with its interval; TTFT and tokens/s per model as box and strip plots,
+in SVG built by the script); the grid of prompts (in the prompts file's order)
+by models (each answer cut to a few lines, its outcome and scores), filtered to
 failures, errors, truncated, flagged empty, or *different* (models disagree on
 pass/fail, or, unscored, on the answer's text), or by a search; a detail per
-answer (the prompt's messages, expected value, answer, reasoning, refusal, tool calls, scores with their
-explanations, metrics, usage, cost); with ``--against``, the paired differences
-and the flipped prompts.
-"""
+answer (the prompt's messages, expected value, answer, reasoning, refusal, tool
+calls, scores with their explanations, metrics, usage, cost); with
+``--against``, the paired differences and the flipped prompts. """
 
 from __future__ import annotations
 
