@@ -20,7 +20,7 @@ __all__ = ["main"]
 def _interrupted_while_starting(signum: int, frame: object) -> None:
     # Nothing was done yet: no file opened, no request sent.
     try:
-        os.write(2, b"fanout: interrupted\n")
+        os.write(2, b"fanout: interrupted (Ctrl-C)\n")
     finally:
         os._exit(130)
 

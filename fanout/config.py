@@ -409,11 +409,13 @@ class _Checker:
     def keys(self, table: Mapping[str, Any], where: str, known: Iterable[str],
              hint: Callable[[str], str] | None = None) -> None:
         known = list(known)
-        for key in table:
-            if key not in known:
-                extra = hint(key) if hint else ""
-                raise self.fail(where, f"unknown key {key!r}{extra or _did_you_mean(key, known)}"
-                                f" (known: {', '.join(known)})")
+        # Every unknown key, one line each: a file with three typos is fixed in one go.
+        lines = [str(self.fail(where, f"unknown key {key!r}"
+                               f"{(hint(key) if hint else '') or _did_you_mean(key, known)}"
+                               f" (known: {', '.join(known)})"))
+                 for key in table if key not in known]
+        if lines:
+            raise ConfigError("\n".join(lines))
 
     def table(self, data: Mapping[str, Any], name: str) -> Mapping[str, Any]:
         value = data.get(name, {})

@@ -33,10 +33,11 @@ from .core.events import (
     ToolCallDelta,
     UsageReported,
 )
-from .core.result import StreamError, StreamResult, ThinkingBlock, Timings, Usage
+from .core.result import Flag, StreamError, StreamResult, ThinkingBlock, Timings, Usage
 
-__all__ = ["dumps", "dumps_bytes", "event_record", "metrics", "result_record",
-           "tokens_per_second"]
+__all__ = ["FLAG_LABELS", "MIN_RATE_EVENTS", "MIN_RATE_SPAN", "dumps", "dumps_bytes",
+           "event_record", "flag_label", "flag_labels", "metrics", "output_chars",
+           "result_record", "tokens_per_second"]
 
 # What JSON may legally carry raw but a terminal or a UTF-8 encoder must not get:
 # DEL and the C1 controls (U+009B is an 8-bit CSI), the bidi controls (U+202E turns
@@ -138,6 +139,7 @@ def result_record(result: StreamResult) -> dict[str, Any]:
         "outcome": str(result.outcome),
         "reason": result.reason,
         "flags": [str(flag) for flag in result.flags],
+        "flag_labels": flag_labels(result),
         "others_running": result.others_running,
         "content_key": result.content_key,
         "model": result.model,
@@ -186,13 +188,67 @@ def result_record(result: StreamResult) -> dict[str, Any]:
     }
 
 
-def metrics(result: StreamResult) -> dict[str, Any]:
-    """Latency and throughput of one stream, in seconds (``None`` when unknown).
+#: The one vocabulary for flags: how each ``Flag`` code reads in every view (compare's
+#: notes, ``fanout report``, the HTML report, the service's records and the page).
+#: ``flag_label`` puts the numbers in when the result has them.
+FLAG_LABELS: dict[Flag, str] = {
+    Flag.EMPTY_ANSWER: "empty answer",
+    Flag.UNFINISHED_CHOICE: "a choice unfinished",
+    Flag.MISSING_CHOICES: "fewer choices than asked",
+    Flag.MISSING_USAGE: "missing usage",
+    Flag.NO_FINISH_REASON: "no finish reason",
+    Flag.NOT_STREAMED: "not streamed",
+    Flag.SKIPPED_FRAMES: "frames skipped",
+}
 
-    From the request being sent: ``ttfb`` (first body byte), ``ttft`` (first token
-    of any kind, reasoning included), ``ttfc`` (first answer text), ``e2e_latency``
-    (the end).  ``queue_wait``: for a concurrency slot.  ``generation_time``: first
-    token to last event.  ``gap_*``: between events.  ``chunks``: SSE events.
+#: Tokens per second needs this many content events over this many seconds: fewer
+#: (one burst, a cached answer) measure the network, not the model.
+MIN_RATE_EVENTS = 4
+MIN_RATE_SPAN = 0.25
+
+
+def flag_label(flag: Flag, result: StreamResult) -> str:
+    """How ``flag`` reads for ``result``: ``FLAG_LABELS``'s words, with the numbers
+    the result holds ("choice 1 unfinished", "3 frames skipped", "2 choices came")."""
+    if flag == Flag.UNFINISHED_CHOICE:
+        unfinished = [str(c.index) for c in result.choices if c.finish_reason is None]
+        if unfinished:
+            return f"choice{'s' if len(unfinished) > 1 else ''} {', '.join(unfinished)} unfinished"
+    elif flag == Flag.MISSING_CHOICES:
+        came = len(result.choices)
+        return f"fewer choices than asked ({came} came)"
+    elif flag == Flag.SKIPPED_FRAMES:
+        count = result.skipped_frames
+        return f"{count} frame{'s' if count != 1 else ''} skipped"
+    return FLAG_LABELS.get(flag, str(flag).replace("_", " "))
+
+
+def flag_labels(result: StreamResult) -> list[str]:
+    """``flag_label`` of each of the result's flags, in order."""
+    return [flag_label(flag, result) for flag in result.flags]
+
+
+def output_chars(result: StreamResult) -> int:
+    """Characters the model produced, in every choice: text, reasoning, refusal and
+    tool-call arguments (a tool-calling answer is not 0 characters)."""
+    return sum(len(c.text) + len(c.reasoning) + len(c.refusal)
+               + sum(len(call.arguments) for call in c.tool_calls)
+               for c in result.choices)
+
+
+def metrics(result: StreamResult) -> dict[str, Any]:
+    """Latency and throughput of one stream, in seconds (``None`` when unknown): the
+    one computation every view shows.
+
+    ``e2e_latency`` is the stream's time: the whole stream, retries and their
+    waits included, from the first request being sent to the end
+    (``Timings.e2e``); ``retrying`` is the part of it before the last attempt.
+    The rest describe the last attempt, from its request being sent: ``ttfb``
+    (first body byte), ``ttft`` (first token of any kind, reasoning included),
+    ``ttfc`` (first answer text).  ``queue_wait``: for a concurrency slot.
+    ``generation_time``: first token to last event.  ``gap_*``: between
+    events.  ``chunks``: SSE events.  ``output_chars``: see ``output_chars``.
+    ``tokens_per_second``: see ``tokens_per_second``.
     """
     t = result.timings or Timings()
     rate, estimated = tokens_per_second(result)
@@ -202,14 +258,13 @@ def metrics(result: StreamResult) -> dict[str, Any]:
         "ttfb": _since(t.first_byte, sent),
         "ttft": t.ttft,
         "ttfc": t.ttfc,
-        "e2e_latency": _since(t.end, sent),
+        "e2e_latency": t.e2e,
+        "retrying": t.retrying,
         "generation_time": _since(t.last_event, t.first_content, floor=0.0),
         "gap_max": t.gap_max,
         "gap_p95": t.gap_p95,
         "chunks": result.events,
-        "output_chars": sum(len(c.text) + len(c.reasoning) + len(c.refusal)
-                            + sum(len(call.arguments) for call in c.tool_calls)
-                            for c in result.choices),
+        "output_chars": output_chars(result),
         "tokens_per_second": rate,
         "tokens_estimated": estimated,
     }
@@ -222,18 +277,21 @@ def tokens_per_second(result: StreamResult) -> tuple[float | None, bool]:
     the number of content deltas (OpenAI-style servers send about one token a
     chunk; the role chunk, the finish-only chunk, usage and ``[DONE]`` carry
     none): then the second value is True.  Generation time runs from the
-    first content to the last event.
+    first content to the last event.  ``None`` with fewer than
+    ``MIN_RATE_EVENTS`` content events or less than ``MIN_RATE_SPAN`` seconds
+    of generation (too little to measure a rate).
     """
     t = result.timings
-    if t is None or t.first_content is None or t.last_event is None:
-        return None, False
-    seconds = t.last_event - t.first_content
     usage = result.usage
     if usage is not None and usage.completion_tokens is not None:
         tokens, estimated = usage.completion_tokens, False
     else:
         tokens, estimated = result.content_events, True
-    if seconds <= 0 or tokens <= 1:
+    if t is None or t.first_content is None or t.last_event is None:
+        return None, estimated
+    seconds = t.last_event - t.first_content
+    if (seconds < MIN_RATE_SPAN or tokens <= 1
+            or result.content_events < MIN_RATE_EVENTS):
         return None, estimated
     return (tokens - 1) / seconds, estimated  # the first token arrives at the start
 

@@ -53,6 +53,7 @@ def batch_record(work: Work, result: StreamResult, *, cut: bool = False, redo: i
         "outcome": base["outcome"],
         "reason": base["reason"],
         "flags": base["flags"],
+        "flag_labels": base["flag_labels"],
         "cut": cut,
         "redo": redo,
         "others_running": result.others_running,

@@ -128,7 +128,7 @@ def explain(summary: BatchSummary) -> str:
     if code == ExitCode.DONE:
         return f"every unit is done ({summary.done} of {summary.total})"
     if code in (ExitCode.INTERRUPTED, ExitCode.TERMINATED):
-        what = "SIGINT" if code == ExitCode.INTERRUPTED else "SIGTERM"
+        what = "Ctrl-C" if code == ExitCode.INTERRUPTED else "SIGTERM"
         return (f"interrupted ({what}); {_units(summary.left)} left, run the same command "
                 "again to finish")
     if code == ExitCode.BUDGET:

@@ -292,9 +292,9 @@ def interrupted_line(columns: Sequence[Column]) -> str:
     cancelled = [inert(c.key) for c in columns if c.status == "cancelled"]
     finished = [f"{inert(c.key)}: {c.status}" for c in columns if c.status != "cancelled"]
     if not finished:
-        return (f"interrupted: every stream was cancelled ({', '.join(cancelled)}); what "
+        return (f"interrupted (Ctrl-C): every stream was cancelled ({', '.join(cancelled)}); what "
                 "arrived is shown above")
-    return (f"interrupted: {len(cancelled)} cancelled ({', '.join(cancelled) or 'none'}), "
+    return (f"interrupted (Ctrl-C): {len(cancelled)} cancelled ({', '.join(cancelled) or 'none'}), "
             f"{len(finished)} had finished ({', '.join(finished)}); what arrived is shown "
             "above")
 

@@ -20,10 +20,12 @@ from rich.table import Table
 from rich.text import Text
 
 from ..eval.aggregate import Comparison, Evaluation, Flip, ModelRow, Paired, ScorerRow
+from ..eval.cost import format_cost
 from ..eval.stats import EXACT_BELOW, Estimate
 from .render import pair_lines, printable
 
-__all__ = ["comparison_view", "cost_lines", "evaluation_view", "fit", "format_cost"]
+__all__ = ["comparison_view", "cost_lines", "evaluation_view", "fit", "format_cost",
+           "matrix_view"]
 
 #: The narrowest a first column gets before a layout gives up for the next one.
 FIRST_MIN = 8
@@ -60,21 +62,6 @@ def _p(value: float | None) -> str:
     if value is None:
         return "-"
     return "<0.001" if value < 0.001 else f"{value:.3f}"
-
-
-def format_cost(total: float | None, unknown: int) -> str:
-    """``$0.01234``: four significant digits, ``+`` when some are unknown, ``-`` if all."""
-    if total is None:
-        return "-"
-    if total == 0:
-        text = "$0"
-    elif total >= 100:
-        text = f"${total:,.0f}"
-    else:
-        text = f"${total:.4g}" if total >= 0.0001 else f"${total:.2g}"
-        if "e" in text:
-            text = f"${total:.6f}".rstrip("0")
-    return text + ("+" if unknown else "")
 
 
 # ------------------------------------------------------------------------- layout
@@ -161,6 +148,30 @@ def _interval_note(evaluation: Evaluation) -> str:
                 "for scores")
     return (f"95% intervals: bootstrap over prompts ({evaluation.resamples:,} resamples, "
             f"seed {evaluation.seed})")
+
+
+def _cell(estimate: Estimate | None) -> Text:
+    if estimate is None:
+        return Text("-", "dim")
+    return Text(f"{_score(estimate.value)} [{_score(estimate.low)}, {_score(estimate.high)}]")
+
+
+def matrix_view(evaluation: Evaluation, console: Console) -> list[RenderableType]:
+    """The whole evaluation at a glance: one row per model, one column per scorer, each
+    cell the mean score and its 95% interval (``0.70 [0.50, 0.90]``); nothing when
+    nothing was scored.  The per-scorer details follow it (``evaluation_view``)."""
+    if not evaluation.scorers:
+        return []
+    columns: list[Column] = [("model", "model")]
+    columns += [(printable(name), printable(name)) for name in evaluation.scorers]
+    rows = []
+    for row in evaluation.rows:
+        cells = {"model": Text(_name(row))}
+        for scorer in row.scorers:
+            cells[printable(scorer.scorer)] = _cell(scorer.mean)
+        rows.append(cells)
+    title = Text("mean score [95% CI]", "bold")
+    return [title, *fit(columns, rows, console), Text()]
 
 
 def evaluation_view(evaluation: Evaluation, console: Console, *, cost: bool = True

@@ -386,7 +386,7 @@ def main(argv: Sequence[str] | None = None, *,
             raise
         # What was written stays (every command writes whole lines or replaces files
         # whole); nothing more is done.
-        print(f"{command}: interrupted", file=sys.stderr)
+        print(f"{command}: interrupted (Ctrl-C)", file=sys.stderr)
         return EXIT_INTERRUPTED
 
 

@@ -40,8 +40,14 @@ from ..core.events import (
     UsageReported,
 )
 from ..core.result import Flag, Outcome, StreamResult
+from ..records import (
+    MIN_RATE_EVENTS,
+    MIN_RATE_SPAN,
+    flag_label,
+    output_chars,
+    tokens_per_second,
+)
 from .common import format_seconds
-from .records import tokens_per_second
 
 __all__ = ["Column", "CompareView", "cut_advice", "cut_line", "inert", "pair_lines", "printable"]
 
@@ -291,17 +297,6 @@ FINISH_STYLES = {
     "length": "bold black on yellow",
     "content_filter": "bold white on red",
 }
-#: How a flag reads on a completed column ("⚠ " before it); unfinished_choice and
-#: missing_choices and skipped_frames are spelled out with their numbers.
-FLAG_LABELS = {
-    Flag.EMPTY_ANSWER: "empty answer",
-    Flag.UNFINISHED_CHOICE: "a choice unfinished",
-    Flag.MISSING_CHOICES: "fewer choices than asked",
-    Flag.MISSING_USAGE: "no usage",
-    Flag.NO_FINISH_REASON: "no finish reason",
-    Flag.NOT_STREAMED: "not streamed",
-    Flag.SKIPPED_FRAMES: "frames skipped",
-}
 #: Flags that are only informational: shown, but quietly.
 QUIET_FLAGS = frozenset({Flag.MISSING_USAGE})
 NOTE_STYLES = {"reason": "bold red", "flag": "bold yellow", "quiet": "dim", "cut": "yellow"}
@@ -330,12 +325,6 @@ class _Choice:
     # What arrived, in order, so the view interleaves as the model did.
     order: list[str] = attrs.Factory(list)
 
-
-#: A rate is shown once it means something: at least this many content events,
-#: over at least this many seconds from the first to the last.  A stream that
-#: arrived in one read has no rate to speak of (it would be thousands of tok/s).
-MIN_RATE_EVENTS = 4
-MIN_RATE_SPAN = 0.25
 
 
 @attrs.define
@@ -502,19 +491,9 @@ class Column:
         return notes
 
     def _flag_label(self, flag: Flag, result: StreamResult) -> str:
-        if flag == Flag.UNFINISHED_CHOICE:
-            unfinished = [str(c.index) for c in result.choices if c.finish_reason is None]
-            if unfinished:
-                return (f"⚠ choice{'s' if len(unfinished) > 1 else ''} "
-                        f"{', '.join(unfinished)} unfinished")
-        elif flag == Flag.MISSING_CHOICES:
-            return f"⚠ {len(result.choices)} of {self.expected_choices} choices"
-        elif flag == Flag.SKIPPED_FRAMES:
-            count = result.skipped_frames
-            return f"⚠ {count} frame{'s' if count != 1 else ''} skipped"
-        elif flag in QUIET_FLAGS:
-            return FLAG_LABELS.get(flag, str(flag))
-        return f"⚠ {FLAG_LABELS.get(flag, str(flag).replace('_', ' '))}"
+        # The words are fanout.records' (every view's); "⚠ " marks the loud ones.
+        label = flag_label(flag, result)
+        return label if flag in QUIET_FLAGS else f"⚠ {label}"
 
     def finish_reasons(self) -> list[str | None]:
         return [self.choices[i].finish_reason for i in sorted(self.choices)]
@@ -533,13 +512,7 @@ class Column:
         ``MIN_RATE_SPAN`` seconds."""
         result = self.result
         if result is not None:
-            rate, estimated = tokens_per_second(result)
-            t = result.timings
-            if (t is None or t.first_content is None or t.last_event is None
-                    or result.content_events < MIN_RATE_EVENTS
-                    or t.last_event - t.first_content < MIN_RATE_SPAN):
-                return None, estimated
-            return rate, estimated
+            return tokens_per_second(result)
         if self.first_content is None or self.chunks < MIN_RATE_EVENTS:
             return None, True
         end = self.last_event if self.last_event is not None else now
@@ -554,6 +527,15 @@ class Column:
         if self.result is not None:
             return self.result.timings.e2e if self.result.timings is not None else None
         return None if self.first_sent is None else max(0.0, now - self.first_sent)
+
+    def output_chars(self) -> int:
+        """Characters produced: ``fanout.records.output_chars`` once finished (text,
+        reasoning, refusal and tool arguments), the same count of what arrived before."""
+        if self.result is not None:
+            return output_chars(self.result)
+        return sum(len("".join(c.text)) + len("".join(c.reasoning)) + len("".join(c.refusal))
+                   + sum(len(tool.arguments) for tool in c.tools.values())
+                   for c in self.choices.values())
 
     def queued(self, now: float) -> float:
         """Time spent waiting for a concurrency slot (the engine's ``Timings.queued``
@@ -951,9 +933,11 @@ _SUMMARY_NUMBERS = ("TTFT", "tok/s", "in", "out", "chars", "queued", "time")
 def summary_table(columns: Iterable[Column], now: float, width: int | None = None
                   ) -> RenderableType:
     """One line per model: outcome, finish reason, TTFT, tokens/s, tokens in and out
-    (``-``: the server sent no usage), characters of answer text, time queued for a
-    slot, and time from the request being sent to the end (TTFT, tokens/s and time
-    leave queueing out), with a ``note`` column when any stream has notes.
+    (``-``: the server sent no usage), characters produced (``output_chars``), time
+    queued for a slot, and time from the first request being sent to the end,
+    retries included (TTFT, tokens/s and time leave queueing out; every number is
+    ``fanout.records.metrics``' once the stream finished), with a ``note`` column
+    when any stream has notes.
 
     ``width``: the table is made to fit it with every number whole: past what one
     table can hold, it splits into an outcomes table and tables of numbers.
@@ -1003,7 +987,7 @@ def _summary(names: Sequence[str], rows: list[dict[str, Text]]) -> Table:
 def _summary_row(column: Column, now: float) -> dict[str, Text]:
     rate, estimated = column.rate(now)
     reasons = ",".join(r or "none" for r in column.finish_reasons()) or "none"
-    chars = sum(len("".join(c.text)) for c in column.choices.values())
+    chars = column.output_chars()
     note = Text()
     for i, (text, kind) in enumerate(column.notes()):
         if i:

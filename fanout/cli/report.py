@@ -46,6 +46,8 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from ..eval import stats
+from ..eval.cost import format_cost, round_cost
 from ..files import NotRegularFile, read_small
 from ..store.results import STATES, RecordReader, state_of, work_key
 from .common import format_seconds
@@ -172,16 +174,9 @@ def _reasons(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _percentile(ordered: list[float], pct: float) -> float | None:
-    """Nearest-rank percentile of sorted values; the median is the usual median."""
-    if not ordered:
-        return None
-    if pct == 50:
-        middle = len(ordered) // 2
-        if len(ordered) % 2:
-            return ordered[middle]
-        # halves first: (a + b) / 2 overflows to inf for values near the double range
-        return ordered[middle - 1] / 2 + ordered[middle] / 2
-    return ordered[max(0, math.ceil(pct / 100 * len(ordered)) - 1)]
+    """``fanout.eval.stats.percentile`` (linear, the HTML report's too) at ``pct`` percent;
+    ``None`` for no values."""
+    return stats.percentile(ordered, pct / 100) if ordered else None
 
 
 # ------------------------------------------------------------------------- layout
@@ -599,9 +594,10 @@ def report(path: str, *, as_json: bool, stdout: TextIO | None = None,
                 "summary": summary, "evaluation": to_json(evaluation, comparison)}
         out.write(_json_text(data) + "\n")
         return 0
-    from .eval_report import comparison_view, evaluation_view
+    from .eval_report import comparison_view, evaluation_view, matrix_view
 
-    parts: list[RenderableType] = [summary_view(summary, console),
+    parts: list[RenderableType] = [*matrix_view(evaluation, console),
+                                   summary_view(summary, console),
                                    *evaluation_view(evaluation, console, cost=has_cost)]
     if comparison is not None and against is not None:
         parts += comparison_view(comparison, against, console)
@@ -621,7 +617,7 @@ def _plain(summary: dict[str, dict[str, Any]], kept: list[dict[str, Any]], *, as
         evaluation = evaluate(prepare(kept, {}))
         for row in evaluation.rows:
             summary[row.model]["cost"] = {
-                "total": None if row.cost is None else round(row.cost, 9),
+                "total": round_cost(row.cost), "text": format_cost(row.cost, row.cost_unknown),
                 "known": row.cost_known, "unknown": row.cost_unknown}
     if as_json:
         out.write(_json_text(summary) + "\n")

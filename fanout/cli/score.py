@@ -240,7 +240,7 @@ def _run(options: ScoreOptions, config: Config, selected: list[Selected],
         say("interrupted: the judges not asked yet are left; run the same command again to "
             "finish")
         say(f"exit {status_if_interrupted}: interrupted "
-            f"({'SIGTERM' if status_if_interrupted == EXIT_TERMINATED else 'SIGINT'})")
+            f"({'SIGTERM' if status_if_interrupted == EXIT_TERMINATED else 'Ctrl-C'})")
         return status_if_interrupted
     if failed_judges:
         refused = sum(scoring.tallies[item.name].judge_refused for item in selected)

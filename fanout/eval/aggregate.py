@@ -18,7 +18,8 @@ per model (and per category or tag with ``by``), per scorer:
 
 and per model: cost (the sum of every record's known ``cost``, every attempt
 having been paid for; how many are unknown, never counted as 0), TTFT and
-tokens/s over the latest records (p50, p90 and the values).  The judge's cost is
+tokens/s over the latest records (p50, p95 and the values: the percentiles
+``fanout report`` shows, by the same ``stats.percentile``).  The judge's cost is
 apart: the sum over the current scores' ``judge.cost``.
 
 ``compare_runs(a, b)`` pairs two runs key by key: B is the baseline, a
@@ -35,6 +36,7 @@ import attrs
 
 from ..store.results import state_of, work_key
 from . import stats
+from .cost import format_cost, round_cost
 from .stats import Estimate, McNemar, PairedBootstrap, SignTest
 
 __all__ = ["COST_LIMIT", "NO_GROUP", "By", "Comparison", "Distribution", "Evaluation", "Flip",
@@ -78,7 +80,9 @@ class Run:
     ``scores``: (work key, scorer) -> a score of that latest answer;
     ``stale``: scores of an older answer (left out); ``orphans``: scores of a key
     the results do not hold (left out); ``attempts``: per model, every record's cost
-    (``None``: unknown) and its (category, *tags).
+    (``None``: unknown) and its (category, *tags); ``prompts``: the prompt ids in order
+    of first appearance in the results file (the prompts file's order, as a batch writes
+    it), whatever order later redos wrote.
     """
 
     latest: dict[str, dict[str, Any]]  # whole records or ``Slim`` ones, as given
@@ -87,6 +91,7 @@ class Run:
     stale: int = 0
     orphans: int = 0
     attempts: dict[str, list[tuple[float | None, tuple[str, ...]]]] = attrs.Factory(dict)
+    prompts: tuple[str, ...] = ()
 
 
 def _default_answer_key() -> Callable[[Mapping[str, Any]], str]:
@@ -129,8 +134,10 @@ def prepare(records: Iterable[Mapping[str, Any]],
     key_of = answer_key or _default_answer_key()
     latest: dict[str, dict[str, Any]] = {}
     groups: dict[str, list[tuple[float | None, tuple[str, ...]]]] = {}
+    prompts: dict[str, None] = {}
     for record in records:
         key = work_key(record["id"], record["model"], record["sample"])
+        prompts.setdefault(str(record["id"]), None)
         latest.pop(key, None)
         latest[key] = record if isinstance(record, Slim) else dict(record)
         model = str(record["model"])
@@ -148,7 +155,7 @@ def prepare(records: Iterable[Mapping[str, Any]],
             stale += 1
         else:
             current[(key, scorer)] = dict(score)
-    return Run(latest, current, tuple(sorted(names)), stale, orphans, groups)
+    return Run(latest, current, tuple(sorted(names)), stale, orphans, groups, tuple(prompts))
 
 
 def _labels(record: Mapping[str, Any]) -> tuple[str, ...]:
@@ -182,18 +189,18 @@ def infer_samples(run: Run) -> int:
 
 @attrs.frozen
 class Distribution:
-    """Values of one metric (seconds or tokens/s) with their p50 and p90 (linear)."""
+    """Values of one metric (seconds or tokens/s) with their p50 and p95 (linear)."""
 
     values: tuple[float, ...]
     p50: float | None
-    p90: float | None
+    p95: float | None
 
     @classmethod
     def of(cls, values: Iterable[float]) -> Distribution:
         ordered = tuple(sorted(values))
         if not ordered:
             return cls((), None, None)
-        return cls(ordered, stats.percentile(ordered, 0.5), stats.percentile(ordered, 0.9))
+        return cls(ordered, stats.percentile(ordered, 0.5), stats.percentile(ordered, 0.95))
 
 
 @attrs.frozen
@@ -544,7 +551,7 @@ def _estimate(estimate: Estimate | None) -> dict[str, Any] | None:
 
 
 def _distribution(distribution: Distribution) -> dict[str, Any]:
-    return {"p50": _round(distribution.p50), "p90": _round(distribution.p90),
+    return {"p50": _round(distribution.p50), "p95": _round(distribution.p95),
             "n": len(distribution.values),
             "values": [_round(v) for v in distribution.values]}
 
@@ -556,15 +563,19 @@ def to_json(evaluation: Evaluation, comparison: Comparison | None = None) -> dic
         "interval": {"method": evaluation.interval, "confidence": stats.CONFIDENCE,
                      "seed": evaluation.seed, "resamples": evaluation.resamples},
         "stale_scores": evaluation.stale, "orphan_scores": evaluation.orphans,
-        "cost": {"total": _round(evaluation.cost, 9), "unknown": evaluation.cost_unknown,
+        "cost": {"total": round_cost(evaluation.cost), "unknown": evaluation.cost_unknown,
+                 "text": format_cost(evaluation.cost, evaluation.cost_unknown),
                  "judge": {"calls": evaluation.judge.calls,
-                           "total": _round(evaluation.judge.cost, 9),
+                           "total": round_cost(evaluation.judge.cost),
+                           "text": format_cost(evaluation.judge.cost,
+                                                    evaluation.judge.unknown),
                            "unknown": evaluation.judge.unknown}},
         "models": [{
             "model": row.model, "group": row.group, "units": row.units,
             "completed": row.completed, "states": row.states,
-            "cost": {"total": _round(row.cost, 9), "known": row.cost_known,
-                     "unknown": row.cost_unknown},
+            "cost": {"total": round_cost(row.cost), "known": row.cost_known,
+                     "unknown": row.cost_unknown,
+                     "text": format_cost(row.cost, row.cost_unknown)},
             "ttft": _distribution(row.ttft),
             "tokens_per_second": _distribution(row.tokens_per_second),
             "scorers": {s.scorer: {

@@ -27,7 +27,8 @@ import attrs
 
 from ..core.result import Usage
 
-__all__ = ["COST_SOURCES", "PER", "Price", "cost_of", "estimate", "total", "usage_record"]
+__all__ = ["COST_DIGITS", "COST_SOURCES", "PER", "Price", "cost_of", "estimate", "format_cost",
+           "round_cost", "total", "usage_record"]
 
 #: Prices are per this many tokens.
 PER: Final = 1_000_000
@@ -118,3 +119,30 @@ def total(costs: Iterable[float | None]) -> tuple[float, int]:
         else:
             known += cost
     return known, unknown
+
+
+#: Costs are rounded once, to this many decimals (a billionth of a dollar), before any
+#: view shows or writes them: ``round_cost``.
+COST_DIGITS: Final = 9
+
+
+def round_cost(value: float | None) -> float | None:
+    """``value`` rounded to ``COST_DIGITS`` decimals: the one rounding every view uses."""
+    return None if value is None else round(value, COST_DIGITS)
+
+
+def format_cost(total: float | None, unknown: int = 0) -> str:
+    """``$0.01234``: ``round_cost(total)`` to four significant digits, ``+`` when some
+    costs are unknown, ``-`` when all are.  The text in every view (terminal, HTML)."""
+    total = round_cost(total)
+    if total is None:
+        return "-"
+    if total == 0:
+        text = "$0"
+    elif total >= 100:
+        text = f"${total:,.0f}"
+    else:
+        text = f"${total:.4g}" if total >= 0.0001 else f"${total:.2g}"
+        if "e" in text:
+            text = f"${total:.6f}".rstrip("0")
+    return text + ("+" if unknown else "")

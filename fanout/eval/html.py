@@ -9,16 +9,15 @@ lone surrogates escaped) with ``<``, ``>`` and ``&`` escaped as well, so no
 answer can close the element; the script (``static/report.js``) inserts every
 string from the data as text (``textContent``, text nodes), never as markup.
 
-The page shows: the per-model summary per scorer with intervals, drawn (score per
-model with its interval; TTFT and tokens/s per model as box and strip plots, in
-SVG built by the script); the grid of prompts by models (each answer cut to a few
-lines, its outcome and scores), filtered to failures, errors, truncated, flagged
-empty, or *different* (models disagree on pass/fail, or, unscored, on the
-answer's text), or by a search; a detail per answer (the prompt's messages,
-expected value, answer, reasoning, refusal, tool calls, scores with their
-explanations, metrics, usage, cost); with ``--against``, the paired differences
-and the flipped prompts.
-"""
+The page shows: the per-model summary per scorer with intervals, drawn (score
+per model with its interval; TTFT and tokens/s per model as box and strip plots,
+in SVG built by the script); the grid of prompts (in the prompts file's order)
+by models (each answer cut to a few lines, its outcome and scores), filtered to
+failures, errors, truncated, flagged empty, or *different* (models disagree on
+pass/fail, or, unscored, on the answer's text), or by a search; a detail per
+answer (the prompt's messages, expected value, answer, reasoning, refusal, tool
+calls, scores with their explanations, metrics, usage, cost); with
+``--against``, the paired differences and the flipped prompts. """
 
 from __future__ import annotations
 
@@ -35,6 +34,7 @@ from ..files import replace_whole
 from ..records import dumps
 from ..store.results import state_of
 from .aggregate import Comparison, Evaluation, Run, to_json
+from .cost import format_cost, round_cost
 
 __all__ = ["MAX_TEXT", "page", "report_data", "write_report"]
 
@@ -68,12 +68,17 @@ def _cell(key: str, record: Mapping[str, Any], run: Run) -> dict[str, Any]:
                 "passed": score.get("passed"), "explanation": _cut(score.get("explanation")),
                 "judge": {"model": judge.get("model"), "text": _cut(judge.get("text")),
                           "cost": judge.get("cost")} if judge else None}
+    cost = record.get("cost")
+    cost = float(cost) if isinstance(cost, int | float) and not isinstance(cost, bool) else None
     return {
         "id": str(record["id"]), "model": str(record["model"]), "sample": record["sample"],
         "outcome": record.get("outcome"), "state": state_of(record),
         "reason": _cut(record.get("reason")) or None,
         "flags": [f for f in record.get("flags") or [] if isinstance(f, str)]
         if isinstance(record.get("flags"), list) else [],
+        # The words every view uses (fanout.records.flag_label), from the record.
+        "flag_labels": [f for f in record.get("flag_labels") or [] if isinstance(f, str)]
+        if isinstance(record.get("flag_labels"), list) else [],
         "text": _cut(record.get("text") if isinstance(record.get("text"), str)
                      else first.get("text")),
         "reasoning": _cut(first.get("reasoning")), "refusal": _cut(first.get("refusal")),
@@ -84,17 +89,20 @@ def _cell(key: str, record: Mapping[str, Any], run: Run) -> dict[str, Any]:
                         "schema_valid": _dict(c).get("schema_valid")}
                        for c in calls] if isinstance(calls, list) else [],
         "metrics": {name: metrics.get(name) for name in
-                    ("ttft", "ttfc", "tokens_per_second", "e2e_latency", "generation_time")},
+                    ("ttft", "ttfc", "tokens_per_second", "tokens_estimated", "e2e_latency",
+                     "generation_time", "output_chars")},
         "usage": {name: usage.get(name) for name in
                   ("prompt_tokens", "completion_tokens", "total_tokens")} if usage else None,
-        "cost": record.get("cost"), "cost_source": record.get("cost_source"),
+        "cost": round_cost(cost), "cost_text": None if cost is None else format_cost(cost),
+        "cost_source": record.get("cost_source"),
         "model_id": record.get("model_id"), "scores": scores,
     }
 
 
 def report_data(run: Run, evaluation: Evaluation, comparison: Comparison | None = None, *,
                 title: str = "", against: str | None = None) -> dict[str, Any]:
-    """What the page shows, as JSON-ready data: prompts, cells, the evaluation."""
+    """What the page shows, as JSON-ready data: prompts (in ``run.prompts``' order: the
+    prompts file's), cells, the evaluation."""
     prompts: dict[str, dict[str, Any]] = {}
     cells = []
     for key, record in run.latest.items():
@@ -120,9 +128,16 @@ def report_data(run: Run, evaluation: Evaluation, comparison: Comparison | None 
         "against": against,
         "models": sorted({cell["model"] for cell in cells}),
         "scorers": list(evaluation.scorers), "samples": evaluation.samples,
-        "prompts": list(prompts.values()), "cells": cells,
+        "prompts": [prompts[p] for p in _file_order(run, prompts)], "cells": cells,
         "evaluation": to_json(evaluation, comparison),
     }
+
+
+def _file_order(run: Run, prompts: Mapping[str, Any]) -> list[str]:
+    """The ids of ``prompts`` in the results file's first-appearance order (a ``Run``
+    built by hand, without ``prompts``, keeps its own order)."""
+    seen = [p for p in run.prompts if p in prompts]
+    return seen + [p for p in prompts if p not in set(seen)]
 
 
 def _asset(name: str) -> str:

@@ -95,7 +95,10 @@ def percentile(ordered: Sequence[float], q: float) -> float:
     below = math.floor(position)
     above = min(below + 1, len(ordered) - 1)
     fraction = position - below
-    return ordered[below] + (ordered[above] - ordered[below]) * fraction
+    if fraction == 0:
+        return ordered[below]
+    # Weighted, not ``a + (b - a) * f``: b - a overflows for values near the double range.
+    return ordered[below] * (1 - fraction) + ordered[above] * fraction
 
 
 def _z(confidence: float) -> float:

@@ -23,7 +23,7 @@ from .._channel import EventChannel
 from ..core.events import CONTENT_EVENTS, Event, StreamFinished
 from ..core.result import Outcome, StreamResult
 from ..fanout import Fanout, open_fanout
-from ..records import event_record, metrics, result_record
+from ..records import event_record, flag_labels, metrics, result_record
 from .body import FanoutAsk
 from .errors import json_response
 from .service import RunningFanout, Service
@@ -168,6 +168,7 @@ class FanoutJob:
                 "stream": plan.key, "model": plan.model.name, "model_id": plan.model.id,
                 "sample": plan.sample, "outcome": str(result.outcome), "reason": result.reason,
                 "flags": [str(flag) for flag in result.flags],
+                "flag_labels": flag_labels(result),
                 "finish_reason": result.choices[0].finish_reason if result.choices else None,
                 "ttft": measured["ttft"], "tokens_per_second": measured["tokens_per_second"],
                 "tokens": tokens if tokens is not None else result.content_events,

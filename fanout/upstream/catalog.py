@@ -22,6 +22,24 @@ MODELS: dict[str, ModelSpec] = {**SCRIPTED_MODELS, **JUDGE_MODELS, **RELAY_MODEL
                                 **CONNECTION_MODELS}
 
 
+#: Scripted models whose :ARG is a word, not a number.
+_WORD_ARGS = frozenset({"fault/error-event", "fault/echo-key"})
+
+
+def argument_problem(request: ChatRequest) -> str | None:
+    """One line saying why a scripted model's ``:ARG`` is malformed (``fault/stall:abc``),
+    or ``None``: a number where a number is meant, never a silent default."""
+    if request.name not in SCRIPTED_MODELS or request.name in _WORD_ARGS or not request.args:
+        return None
+    arg = request.args[0]
+    try:
+        if arg:
+            float(arg)
+    except ValueError:
+        return f"{request.name}: {arg[:40]!r} is not a number (fanout mock --list)"
+    return None
+
+
 def plan_chat(request: ChatRequest, context: Context) -> Plan:
     """The plan for a request of any route (``request.api``), or a 404 for an unknown
     model, or one this route does not serve."""
@@ -31,6 +49,9 @@ def plan_chat(request: ChatRequest, context: Context) -> Plan:
             return _error(request, 404, f"The model '{request.model}' is served on "
                           f"{spec.routes} only (fanout mock --list).",
                           "invalid_request_error", param="model", code="model_not_found")
+        problem = argument_problem(request)
+        if problem is not None:
+            return _error(request, 400, problem, "invalid_request_error", param="model")
         return spec.plan(request, context)
     if request.name.startswith("replay/"):
         plan = plan_replay(request, context, request.name.removeprefix("replay/"))

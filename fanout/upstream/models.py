@@ -743,6 +743,17 @@ def _empty_stop(request: ChatRequest, context: Context) -> Plan:
                 fragment=request.fragment)
 
 
+def _no_usage(request: ChatRequest, context: Context) -> Plan:
+    """mock/fast's answer, but never a usage chunk, even when ``stream_options`` asks
+    (what many relays and local servers do): the result is flagged ``missing_usage``."""
+    answers = _answer(request, "text")
+    if not request.stream:
+        return _completion(request, answers)
+    steps = _stream(attrs.evolve(request, include_usage=False), answers,
+                    _pauses(request, context, 0.0))
+    return Plan(200, SSE_HEADERS, steps=steps, fragment=request.fragment)
+
+
 ECHO_MARKER = "fanout-echo-no-authorization-header"  # echoed when no key was sent
 ECHO_PLACES = ("stream-error", "event-error", "http", "http-text", "json-200", "headers",
                "meta", "skipped", "escaped", "all")
@@ -1229,6 +1240,8 @@ SCRIPTED_MODELS: dict[str, ModelSpec] = {spec.id: spec for spec in [
     ModelSpec("slot/litellm", "as slot/clean behind LiteLLM: the cut becomes finish_reason "
               "stop, usage (when asked) and [DONE], byte for byte a finished answer",
               _slot("litellm"), CHAT_ONLY),
+    ModelSpec("fault/no-usage", "mock/fast's answer without usage, even when asked",
+              _no_usage),
     ModelSpec("fault/empty-stop", "the role chunk, then finish_reason stop with no content",
               _empty_stop),
     ModelSpec("fault/echo-key", "echoes the bearer token back (:WHERE: stream-error, "

@@ -366,6 +366,7 @@ def test_ctrl_c_records_the_streams_in_flight_as_cancelled(tmp_path: Path, confi
     assert process.returncode == 130, err
     assert "Traceback" not in err
     assert "interrupted: the streams in flight were recorded as cancelled" in err
+    assert "fanout batch: exit 130: interrupted (Ctrl-C);" in err
     # The summary was printed (as wide as COLUMNS says: GNU readline, loaded by pytest,
     # exports the terminal's size to children).
     assert any(line.split()[:1] == ["slow"] for line in out.splitlines())

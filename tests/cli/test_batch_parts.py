@@ -428,7 +428,7 @@ def test_what_a_record_counts_as() -> None:
 def test_percentiles() -> None:
     assert _percentile([], 50) is None
     assert _percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
-    assert _percentile([float(i) for i in range(1, 101)], 95) == 95.0
+    assert _percentile([float(i) for i in range(1, 101)], 95) == pytest.approx(95.05)  # linear
     assert _percentile([1.0], 95) == 1.0
 
 
@@ -444,7 +444,7 @@ def test_the_summary_counts_latest_outcomes_and_every_429() -> None:
     assert summary["runs"] == 3 and summary["completed"] == 2 and summary["timed_out"] == 1
     assert summary["error"] == 0  # q1's error was redone
     assert summary["completed_pct"] == pytest.approx(200 / 3)
-    assert summary["ttft_p50"] == pytest.approx(0.3) and summary["ttft_p95"] == 0.4
+    assert summary["ttft_p50"] == pytest.approx(0.3) and summary["ttft_p95"] == pytest.approx(0.39)
     assert summary["tokens_in"] == 9 and summary["tokens_out"] == 21
     assert summary["rate_limited"] == 4 and summary["retry_wait"] == 3.5
 

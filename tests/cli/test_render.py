@@ -306,18 +306,18 @@ def test_flags_show_prominently_on_a_completed_column() -> None:
         flags=(Flag.UNFINISHED_CHOICE, Flag.MISSING_USAGE, Flag.SKIPPED_FRAMES),
         skipped_frames=3)
     _finish(column, result)
-    assert column.notes() == [("⚠ choice 1 unfinished", "flag"), ("no usage", "quiet"),
+    assert column.notes() == [("⚠ choice 1 unfinished", "flag"), ("missing usage", "quiet"),
                               ("⚠ 3 frames skipped", "flag")]
     header = CompareView([column]).header(column, 3.0)
-    assert header.plain.splitlines()[-1] == "⚠ choice 1 unfinished · no usage · ⚠ 3 frames skipped"
+    assert header.plain.splitlines()[-1] == "⚠ choice 1 unfinished · missing usage · ⚠ 3 frames skipped"
     assert _styles(header, "⚠ choice 1") == {"bold yellow"}
-    assert _styles(header, "no usage") == {"dim"}  # informational: subtle
+    assert _styles(header, "missing usage") == {"dim"}  # informational: subtle
     one_line = CompareView([column]).header(column, 3.0, one_line=True).plain
     assert "\n" not in one_line and one_line.endswith("· ⚠ 3 frames skipped")
     empty = Column("e", "e", started=0.0, expected_choices=2)
     _finish(empty, StreamResult(Outcome.COMPLETED, choices=(
         ChoiceResult(0, finish_reason="stop"),), flags=(Flag.EMPTY_ANSWER, Flag.MISSING_CHOICES)))
-    assert [note for note, _ in empty.notes()] == ["⚠ empty answer", "⚠ 1 of 2 choices"]
+    assert [note for note, _ in empty.notes()] == ["⚠ empty answer", "⚠ fewer choices than asked (1 came)"]
 
 
 def test_the_summary_table_has_a_note_column_only_when_needed() -> None:

@@ -278,3 +278,27 @@ def test_without_scores_different_compares_the_answers_text(tmp_path: Path) -> N
             assert errors == []
         finally:
             browser.close()
+
+
+def test_the_grid_is_in_the_prompts_file_order(tmp_path: Path) -> None:
+    # Ids that sort differently from the file's order, and later redos of both of "b"'s
+    # answers (written last) that must not move it: the grid follows the prompts file,
+    # not the ids nor the latest writes.
+    lines = [record(prompt, model, "yes") for prompt in ("b", "a", "c")
+             for model in ("writer", "thinker")]
+    lines += [record("b", "thinker", "yes again"), record("b", "writer", "yes again")]
+    results = _write(tmp_path / "order.jsonl", lines)
+    out = tmp_path / "order.html"
+    done = subprocess.run([sys.executable, "-m", "fanout.cli.main", "report", str(results),
+                           "--html", str(out)], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        try:
+            page = browser.new_page()
+            page.goto(out.as_uri())
+            page.wait_for_selector("body[data-ready]")
+            assert visible(page) == ["b", "a", "c"]
+        finally:
+            browser.close()

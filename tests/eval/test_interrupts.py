@@ -127,7 +127,7 @@ async def _interrupted_while_judging(tmp_path: Path, argv: list[str], results: P
         assert stats.requests == asked
     text = err.decode()
     assert process.returncode == 130, text
-    assert "interrupted" in _last_line(text)
+    assert "exit 130: interrupted (Ctrl-C)" in _last_line(text)
     # The scores written stay, and nothing was written for the cancelled judge.
     assert target.read_bytes() == written
     lines = [json.loads(line) for line in written.splitlines()]
@@ -220,7 +220,7 @@ def test_sigint_while_importing_or_reporting_is_one_line_and_130(tmp_path: Path,
     status, err = _run_interrupted_at(tmp_path, module, ["report", str(results)])
     assert status == 130, err
     assert len(err.splitlines()) == 1, err
-    assert _last_line(err) in ("fanout: interrupted", "fanout report: interrupted")
+    assert _last_line(err) in ("fanout: interrupted (Ctrl-C)", "fanout report: interrupted (Ctrl-C)")
 
 
 def test_sigint_while_writing_the_html_leaves_no_page(tmp_path: Path) -> None:
@@ -229,7 +229,7 @@ def test_sigint_while_writing_the_html_leaves_no_page(tmp_path: Path) -> None:
     status, err = _run_interrupted_at(tmp_path, "fanout.eval.html",
                                       ["report", str(results), "--html", str(page)])
     assert status == 130, err
-    assert _last_line(err) == "fanout report: interrupted" and len(err.splitlines()) == 1
+    assert _last_line(err) == "fanout report: interrupted (Ctrl-C)" and len(err.splitlines()) == 1
     assert not page.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".fanout-report-")]
 
@@ -259,7 +259,7 @@ def test_sigint_while_report_waits_on_a_fifo(tmp_path: Path, where: str) -> None
     finally:
         process.kill()
     assert process.returncode == 130, err
-    assert err == "fanout report: interrupted\n" and out == ""
+    assert err == "fanout report: interrupted (Ctrl-C)\n" and out == ""
 
 
 def _startup_traceback(err: str) -> bool:
@@ -294,6 +294,6 @@ def test_sigint_at_random_moments_of_the_start_is_never_a_traceback(tmp_path: Pa
         if process.returncode in (-signal.SIGINT, 1) and (not err or _startup_traceback(err)):
             continue  # before the interpreter ran any of the script (Python's own start)
         assert process.returncode == 130, (delay, err)
-        assert err in ("fanout: interrupted\n", "fanout report: interrupted\n"), (delay, err)
+        assert err in ("fanout: interrupted (Ctrl-C)\n", "fanout report: interrupted (Ctrl-C)\n"), (delay, err)
         assert out == ""
     assert any(status == 130 for _, status in seen), seen

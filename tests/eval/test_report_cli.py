@@ -109,8 +109,11 @@ def test_the_report_with_scores_fits_80_columns_with_known_numbers(tmp_path: Pat
     assert re.search(r"writer\s+\$0\.012\s+12\s+0", text) and re.search(
         r"thinker\s+-\s+0\s+12", text)
     assert "total $0.012+ (12 records of unknown cost)" in text
-    # today's summary first, as it was
-    assert lines[0].split()[:2] == ["timed"] or "runs" in lines[1]
+    # the models-by-scorers matrix first (k = 2: the mean over samples), then the summary
+    assert lines[0] == "mean score [95% CI]" and lines[1].split() == ["model", "exact"]
+    assert re.search(r"writer\s+0\.58 \[0\.25, 0\.92\]", text), text
+    summary = lines.index("") + 1
+    assert lines[summary].split()[:1] == ["timed"] or "runs" in lines[summary + 1]
 
 
 @pytest.mark.parametrize("by", [None, "category"])
@@ -393,3 +396,29 @@ def test_the_html_files_data_cannot_close_its_script(tmp_path: Path) -> None:
     policy = re.search(r'content="(default-src [^"]+)"', text)
     assert policy and "'unsafe-inline'" not in policy.group(1)
     assert "script-src 'sha256-" in policy.group(1) and "connect-src" not in policy.group(1)
+
+
+def test_the_report_opens_with_the_models_by_scorers_matrix(tmp_path: Path) -> None:
+    models = ["mock/echo", "openai/gpt-4o-mini-2024-07-18", "anthropic/claude-3-5-haiku-latest",
+              "mock/steady", "meta-llama/llama-3.1-70b-instruct", "mock/fast"]
+    results, scores = [], []
+    for prompt in range(8):
+        for index, model in enumerate(models):
+            record = answer(f"p{prompt}", model, "yes")
+            results.append(record)
+            for number, scorer in enumerate(("exact", "contains", "judge")):
+                scores.append(score(record, (prompt + index + number) % 3 != 0, scorer=scorer))
+    path = write(tmp_path / "six.jsonl", results)
+    write(tmp_path / "six.scores.jsonl", scores)
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=80, color_system=None)
+    assert report(str(path), as_json=False, console=console) == 0
+    lines = buffer.getvalue().splitlines()
+    assert all(cell_len(line) <= 80 for line in lines), [line for line in lines if cell_len(line) > 80]
+    # The first table is the matrix: a model per row, a scorer per column, mean [CI] cells.
+    assert lines[0] == "mean score [95% CI]"
+    assert lines[1].split() == ["model", "contains", "exact", "judge"]
+    body = lines[3:lines.index("")]
+    cells = [re.findall(r"\d\.\d\d \[\d\.\d\d, \d\.\d\d\]", line) for line in body]
+    assert sum(1 for row in cells if row) == 6 and all(len(row) in (0, 3) for row in cells)
+    assert lines.index("") < next(i for i, line in enumerate(lines) if "completed" in line)

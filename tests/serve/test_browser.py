@@ -184,7 +184,7 @@ def test_four_models_stream_side_by_side_and_end_honestly(page: Any, tmp_path: P
     assert page.errors == []
 
 
-def test_stop_keeps_the_partial_text_marked_cancelled(page: Any) -> None:
+def test_stop_keeps_the_partial_text_and_labels_it_stopped(page: Any) -> None:
     choose(page, "long", "echo")
     page.fill("#prompt", "Tell me a long story.")
     page.click("#run")
@@ -196,8 +196,13 @@ def test_stop_keeps_the_partial_text_marked_cancelled(page: Any) -> None:
     before = text_length(page, "long")
     wait_finished(page, 10)
     long = column(page, "long")
+    # The outcome stays cancelled (the server's records say so); the page labels the
+    # stream its Stop ended "stopped", in the column and in the summary.
     assert long.get_attribute("data-status") == "cancelled"
-    assert long.locator(".status").text_content() == "CANCELLED"
+    assert long.locator(".status").text_content() == "stopped"
+    page.wait_for_selector("#summary-rows tr[data-stream=long]", timeout=10_000)
+    assert page.locator("#summary-rows tr[data-stream=long] .status").text_content() == "stopped"
+    assert page.locator("#summary-rows tr[data-stream=echo] .status").text_content() == "done"
     assert "cancelled by the client" in (long.locator(".col-reason").text_content() or "")
     assert text_length(page, "long") >= before > 20
     assert column(page, "echo").get_attribute("data-status") == "completed"

@@ -103,15 +103,16 @@
       });
       node.appendChild(table(headers, rows, "numbers summary-table"));
     }
-    const costs = EVAL.models.map((m) => [label(m), dollars(m.cost.total, m.cost.unknown), m.cost.known, m.cost.unknown,
-      seconds(m.ttft.p50), seconds(m.ttft.p90), rate(m.tokens_per_second.p50), rate(m.tokens_per_second.p90)]);
+    // The cost's text is Python's (fanout.eval.cost.format_cost): one rounding in every view.
+    const costs = EVAL.models.map((m) => [label(m), m.cost.text ?? dollars(m.cost.total, m.cost.unknown), m.cost.known, m.cost.unknown,
+      seconds(m.ttft.p50), seconds(m.ttft.p95), rate(m.tokens_per_second.p50), rate(m.tokens_per_second.p95)]);
     node.appendChild(el("h3", null, "cost and speed"));
-    node.appendChild(table(["model", "cost", "known", "unknown", "TTFT p50", "TTFT p90", "tok/s p50", "tok/s p90"],
+    node.appendChild(table(["model", "cost", "known", "unknown", "TTFT p50", "TTFT p95", "tok/s p50", "tok/s p95"],
       costs, "numbers"));
     const judge = EVAL.cost.judge;
-    node.appendChild(el("p", "note", `total ${dollars(EVAL.cost.total, EVAL.cost.unknown)}` +
+    node.appendChild(el("p", "note", `total ${EVAL.cost.text ?? dollars(EVAL.cost.total, EVAL.cost.unknown)}` +
       (EVAL.cost.unknown ? ` (${EVAL.cost.unknown} records of unknown cost)` : "") +
-      (judge.calls ? `; the judge ${dollars(judge.total, judge.unknown)} over ${judge.calls} calls` : "")));
+      (judge.calls ? `; the judge ${judge.text ?? dollars(judge.total, judge.unknown)} over ${judge.calls} calls` : "")));
   }
 
   const label = (m) => (m.group === null ? m.model : `${m.model} · ${m.group}`);
@@ -178,7 +179,7 @@
       chart.appendChild(svg("line", { x1: at(values[0]), y1: y, x2: at(values[values.length - 1]), y2: y, class: "whisker" }));
       const box = svg("rect", { x: at(q1), y: y - 8, width: Math.max(1, at(q3) - at(q1)), height: 16, class: "box",
         "data-model": label(m) });
-      box.appendChild(svg("title", {}, `${label(m)}: median ${format(q2)}, p90 ${format(m[metric].p90)}, ${values.length} values`));
+      box.appendChild(svg("title", {}, `${label(m)}: median ${format(q2)}, p95 ${format(m[metric].p95)}, ${values.length} values`));
       chart.appendChild(box);
       chart.appendChild(svg("line", { x1: at(q2), y1: y - 8, x2: at(q2), y2: y + 8, class: "median" }));
       values.forEach((v, j) => {
@@ -315,9 +316,12 @@
     head.appendChild(el("th", null, "prompt"));
     for (const model of DATA.models) head.appendChild(el("th", null, model));
     const body = grid.appendChild(el("tbody"));
-    const prompts = new Map(DATA.prompts.map((p) => [p.id, p]));
-    for (const [id, models] of byPrompt()) {
-      const prompt = prompts.get(id);
+    const cellsByPrompt = byPrompt();
+    // In the prompts file's order (DATA.prompts), never by id or by arrival.
+    for (const prompt of DATA.prompts) {
+      const id = prompt.id;
+      const models = cellsByPrompt.get(id);
+      if (!models) continue;
       const tr = body.appendChild(el("tr", "row"));
       tr.dataset.id = id;
       const first = tr.appendChild(el("th", "prompt"));
@@ -393,7 +397,8 @@
     field(head, "outcome", cell.state === cell.outcome ? cell.outcome : `${cell.outcome} (${cell.state})`);
     field(head, "reason", cell.reason);
     field(head, "finish reason", cell.finish_reason);
-    field(head, "flags", cell.flags.join(", "));
+    field(head, "flags", (cell.flag_labels && cell.flag_labels.length === cell.flags.length
+      ? cell.flag_labels : cell.flags.map((f) => f.replaceAll("_", " "))).join(", "));
     field(head, "model id", cell.model_id);
     body.appendChild(el("h3", null, "prompt"));
     for (const message of prompt.messages) {
@@ -425,8 +430,9 @@
     field(metrics, "first text", seconds(cell.metrics.ttfc));
     field(metrics, "latency", seconds(cell.metrics.e2e_latency));
     field(metrics, "tokens/s", rate(cell.metrics.tokens_per_second));
+    field(metrics, "chars", cell.metrics.output_chars ?? "–");
     if (cell.usage) field(metrics, "tokens", `${cell.usage.prompt_tokens ?? "–"} in, ${cell.usage.completion_tokens ?? "–"} out`);
-    field(metrics, "cost", cell.cost === null || cell.cost === undefined ? "unknown" : `${dollars(cell.cost, 0)} (${cell.cost_source})`);
+    field(metrics, "cost", cell.cost === null || cell.cost === undefined ? "unknown" : `${cell.cost_text ?? dollars(cell.cost, 0)} (${cell.cost_source})`);
     panel.hidden = false;
     panel.querySelector(".close").focus();
   }

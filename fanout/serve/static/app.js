@@ -90,6 +90,12 @@
     cancelled: ["CANCELLED", "cancel"],
     lost: ["LOST", "bad"],
   };
+  // A stream the page's Stop ended reads "stopped": the user's own act, not a fault.
+  // (Its outcome stays "cancelled", in data-status and in the server's records.)
+  function statusLabel(outcome, stoppedByPage) {
+    if (outcome === "cancelled" && stoppedByPage) return ["stopped", "cancel"];
+    return STATUS[outcome] || [outcome, "live"];
+  }
   const LOUD_FINISH = new Set(["length", "content_filter"]);
   const CONTENT = new Set(["text", "reasoning", "refusal", "tool_call"]);
 
@@ -102,6 +108,7 @@
   class Column {
     constructor(info, started) {
       this.key = info.stream;
+      this.stopAsked = false; // the page's Stop was pressed while this stream ran
       this.started = started; // performance.now() when the run began
       this.status = "queued";
       this.finish = null;
@@ -236,7 +243,8 @@
       this.ended = true;
       this.status = record.outcome;
       this.reason = record.reason;
-      this.flags = record.flags || [];
+      // The labels are the server's (fanout.records.flag_label): one vocabulary in every view.
+      this.flags = record.flag_labels || (record.flags || []).map((f) => f.replaceAll("_", " "));
       this.timedOut = record.timed_out;
       this.metrics = record.metrics;
       this.endedAt = record.t;
@@ -296,7 +304,7 @@
           }
         }
       }
-      const [label, tone] = STATUS[this.status] || [this.status, "live"];
+      const [label, tone] = statusLabel(this.status, this.stopAsked);
       const statusText = this.status === "timed_out" && this.timedOut
         ? `${label} (${this.timedOut})` : label;
       this.statusNode.textContent = statusText;
@@ -313,7 +321,7 @@
         delete this.root.dataset.finish;
       }
       this.flagsNode.replaceChildren(
-        ...this.flags.map((flag) => el("span", "flag", flag.replaceAll("_", " "))));
+        ...this.flags.map((flag) => el("span", "flag", flag)));
       this.reasonNode.hidden = !this.reason;
       this.reasonNode.textContent = this.reason ? `⚠ ${this.reason}` : "";
       // An error the reason already says is not said twice.
@@ -446,6 +454,11 @@
     async stop() {
       if (this.finished || this.stopped) return;
       this.stopped = true;
+      // Only the streams still running are the Stop's: one cancelled before (mode first)
+      // keeps its own label.
+      for (const column of this.columns.values()) {
+        if (!column.ended) column.stopAsked = true;
+      }
       this.page.setStatus("stopping…");
       const cancel = this.id ? fetch(`/v1/fanout/${encodeURIComponent(this.id)}/cancel`,
                                      { method: "POST" }) : null;
@@ -522,7 +535,7 @@
         this.setStatus(run.stopped ? "stopping…" : `${live} streaming · ${run.columns.size} streams`);
         this.schedule(); // keep the clocks ticking while it runs
       } else if (run.summary) {
-        this.renderSummary(run.summary);
+        this.renderSummary(run.summary, run.columns);
       }
     }
 
@@ -605,18 +618,18 @@
       this.schedule();
     }
 
-    renderSummary(summary) {
+    renderSummary(summary, columns) {
       const rows = $("summary-rows");
       rows.replaceChildren();
       for (const row of summary.results) {
         const tr = el("tr");
-        const [label, tone] = STATUS[row.outcome] || [row.outcome, "live"];
+        const [label, tone] = statusLabel(row.outcome, columns.get(row.stream)?.stopAsked);
         const outcome = el("td");
         outcome.append(el("span", `status ${tone}`, label));
         const finish = el("td");
         finish.append(el("span", LOUD_FINISH.has(row.finish_reason) ? "finish loud" : "finish",
                          row.finish_reason ?? "–"));
-        const notes = [row.reason, ...(row.flags || []).map((f) => f.replaceAll("_", " "))]
+        const notes = [row.reason, ...(row.flag_labels || [])]
           .filter(Boolean).join(" · ");
         tr.append(el("td", "name", row.stream), outcome, finish, el("td", "num", seconds(row.ttft)),
                   el("td", "num", perSecond(row.tokens_per_second, row.tokens_estimated).replace(" tok/s", "")),
