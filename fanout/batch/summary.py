@@ -116,8 +116,7 @@ def _main_reason(failures: Sequence[Failure]) -> str:
     if not reasons:
         return ""
     reason, _ = reasons.most_common(1)[0]
-    reason = " ".join(reason.split())
-    return f" ({reason[:120] + '…' if len(reason) > 120 else reason})"
+    return f" ({cut_line(reason, 121)})"
 
 
 def explain(summary: BatchSummary) -> str:

@@ -22,7 +22,7 @@ import trio
 from .._exceptions import ConfigError
 from ..config import load_config
 from ..core.chat import error_from_response
-from ..net.stream import connect_failure, public_url
+from ..net.stream import base_url_hint, connect_failure, public_url
 from ..net.transport import make_client
 from ..request import Endpoint
 from .common import only as _only
@@ -141,8 +141,8 @@ def _refusal(endpoint: Endpoint, url: str, status: int, text: str) -> str:
         return f"HTTP {status}: no API key was sent: set OPENAI_API_KEY or [endpoint] " \
                f"api_key_env{said}"
     if status == 404:
-        hint = ("" if public_url(endpoint.base_url).endswith("/v1") else
-                "; is base_url right? OpenAI-compatible servers usually end it with /v1")
+        advice = base_url_hint(endpoint.base_url)
+        hint = f"; is base_url right?{advice}" if advice else ""
         return (f"{public_url(url)} answered 404: the endpoint has no /models route, so it "
                 f"cannot list its models (-m still takes any id it serves){hint}")
     return f"HTTP {status}{said or ' from ' + public_url(url)}"

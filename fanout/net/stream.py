@@ -564,10 +564,8 @@ class StreamRunner:
             message = (f"the endpoint does not know model {self.request.model!r}; "
                        f"`fanout models` lists what it offers{said}")
         elif status == 404:
-            hint = ("" if public_url(self.endpoint.base_url).endswith("/v1") else
-                    " OpenAI-compatible servers usually end it with /v1")
             message = (f"{public_url(self.url)} answered 404: no such route; is base_url "
-                       f"right?{hint}")
+                       f"right?{base_url_hint(self.endpoint.base_url)}")
         else:
             return error
         return attrs.evolve(error, message=message)
@@ -881,6 +879,21 @@ def public_url(url: str) -> str:
     except ValueError:
         port = ""
     return f"{parts.scheme}://{host}{port}{parts.path}".rstrip("/")
+
+
+#: What a base URL that answered 404 may have wrong: a route pasted into it, or no /v1.
+_ROUTES = ("/chat/completions", "/responses", "/messages", "/models")
+
+
+def base_url_hint(base_url: str) -> str:
+    """The advice after a 404 on a route of ``base_url`` (starting with a space), or ``""``:
+    a base URL holding a route already gets the route added again, one without ``/v1``
+    misses what OpenAI-compatible servers expect."""
+    path = public_url(base_url)
+    route = next((r for r in _ROUTES if path.endswith(r)), None)
+    if route is not None:
+        return f" leave {route} out of base_url (fanout adds the route; it ends with /v1)"
+    return "" if path.endswith("/v1") else " OpenAI-compatible servers usually end it with /v1"
 
 
 #: A 404 about the model saying the endpoint does not know it (OpenAI, vLLM, Ollama, ...).

@@ -77,7 +77,8 @@ class Completeness:
         """One line: whether the file is complete for its plan, and if not, what is off."""
         of = f"its plan {self.plan} ({self.shards} shard{'s' if self.shards != 1 else ''})"
         if self.complete and not self.not_done:
-            return f"complete for {of}: all {self.units} units are there and done"
+            every = "the one unit is" if self.units == 1 else f"all {self.units} units are"
+            return f"complete for {of}: {every} there and done"
         if self.complete:
             states = ", ".join(f"{n} {state}" for state, n in sorted(
                 self.not_done.items(), key=lambda item: (-item[1], item[0])))

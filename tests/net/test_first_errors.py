@@ -68,6 +68,11 @@ async def test_a_base_url_without_the_route_says_which_route_and_suggests_v1(
     text = await reason(Endpoint(upstream.base_url + "/v1"), api=api)
     assert text == (f"HTTP 404: {upstream.base_url}/v1{route} answered 404: no such route; "
                     "is base_url right?")
+    # The route pasted into the base URL: it is added again, and the advice says so.
+    text = await reason(Endpoint(upstream.base_url + route), api=api)
+    assert text == (f"HTTP 404: {upstream.base_url}{route}{route} answered 404: no such "
+                    f"route; is base_url right? leave {route} out of base_url (fanout adds "
+                    "the route; it ends with /v1)")
 
 
 async def test_an_unknown_model_says_the_endpoint_does_not_know_it(
