@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import shutil
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -241,14 +242,21 @@ def _parser() -> argparse.ArgumentParser:
 
 def _mock(args: argparse.Namespace) -> int:
     if args.list:
+        from .render import hanging
+
+        # at word boundaries, to the terminal's width (80 columns when it is no terminal)
+        width = shutil.get_terminal_size((80, 24)).columns
         for spec in MODELS.values():
             routes = f" [{spec.routes} only]" if spec.routes else ""
-            print(f"{spec.id:26} {spec.description}{routes}")
-        print(f"{'replay/<capture>':26} a recorded stream with its timing (:x0 = no delays; "
-              "on /v1/responses and /v1/messages a chat capture is said in their events):")
+            print(*hanging(spec.id, f"{spec.description}{routes}", width=width, indent=27),
+                  sep="\n")
+        print(*hanging("replay/<capture>", "a recorded stream with its timing (:x0 = no "
+                       "delays; on /v1/responses and /v1/messages a chat capture is said in "
+                       "their events):", width=width, indent=27), sep="\n")
         for name, path in sorted(find_captures([PACKAGED_CAPTURES, *args.captures]).items()):
             capture = Capture.load(path)
-            print(f"  {'replay/' + name:36} HTTP {capture.status}, {len(capture.body):,} bytes")
+            print(*hanging(f"  replay/{name}", f"HTTP {capture.status}, "
+                           f"{len(capture.body):,} bytes", width=width, indent=39), sep="\n")
         return 0
     try:
         Fragmenter(args.fragment)

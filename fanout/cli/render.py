@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import textwrap
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import lru_cache
@@ -1010,3 +1011,13 @@ def _summary_row(column: Column, now: float) -> dict[str, Text]:
 
 def _count(value: int | None) -> str:
     return "-" if value is None else str(value)
+
+
+def hanging(label: str, text: str, *, width: int, indent: int) -> list[str]:
+    """``label`` padded to ``indent`` columns, then ``text`` wrapped at word boundaries to
+    ``width`` columns, its later lines indented under its first (a word longer than a line
+    stays whole: never cut inside a word)."""
+    first = f"{label:{indent - 1}} " if len(label) < indent else f"{label} "
+    return textwrap.wrap(text, width=max(width, indent + 20), initial_indent=first,
+                         subsequent_indent=" " * indent, break_long_words=False,
+                         break_on_hyphens=False) or [first.rstrip()]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -57,10 +58,26 @@ def test_mock_stops_cleanly(mock_process: tuple[subprocess.Popen[str], str],
 def test_mock_list_names_every_model() -> None:
     out = subprocess.run([*COMMAND, "--list"], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0
-    listed = {line.split()[0] for line in out.stdout.splitlines()}
+    lines = out.stdout.splitlines()
+    # a continuation of a wrapped description is indented under it (27 columns)
+    listed = {line.split()[0] for line in lines if not line.startswith(" " * 27)}
     replays = {f"replay/{name}" for name in names()}
     assert set(MODELS) | {"replay/<capture>"} | replays == listed
     assert "  replay/15_interrupted_first" in out.stdout  # every capture, by name
+
+
+@pytest.mark.parametrize("columns", [60, 80, 120])
+def test_mock_list_wraps_at_word_boundaries(columns: int) -> None:
+    out = subprocess.run([*COMMAND, "--list"], capture_output=True, text=True, timeout=30,
+                         env={**os.environ, "COLUMNS": str(columns)})
+    lines = out.stdout.splitlines()
+    assert out.returncode == 0 and max(map(len, lines)) <= columns
+    assert any(line.startswith(" " * 27) for line in lines)  # something did wrap
+    # the words are the descriptions' own, none cut: joined back they give each one whole
+    text = " ".join(" ".join(lines).split())
+    for spec in MODELS.values():
+        routes = f" [{spec.routes} only]" if spec.routes else ""
+        assert f"{spec.id} {' '.join((spec.description + routes).split())}" in text
 
 
 def test_fanout_version() -> None:
