@@ -293,15 +293,15 @@ def _reason_lines(summary: Mapping[str, Mapping[str, Any]]) -> list[Text]:
             if entry["status"] is not None:
                 status = f" HTTP {entry['status']}"
                 reason = reason.removeprefix(f"HTTP {entry['status']}: ")
+            # wrapped at word boundaries, never cut (a word wider than the line is folded)
             line = Text(f"  {printable(model)}: {entry['count']} {what}{status}: ",
-                        no_wrap=True, overflow="ellipsis")
+                        overflow="fold")
             line.append(printable(reason), "dim")
             lines.append(line)
         more = sum(entry["count"] for entry in reasons[SHOWN_REASONS:])
         if len(reasons) > SHOWN_REASONS:
             lines.append(Text(f"  {printable(model)}: {more} more, for other reasons "
-                              "(fanout report --json lists them)", "dim", no_wrap=True,
-                              overflow="ellipsis"))
+                              "(fanout report --json lists them)", "dim", overflow="fold"))
     return lines
 
 

@@ -348,7 +348,16 @@ def test_batch_on_a_real_terminal_at_80_columns(tmp_path: Path, config: str) -> 
     assert not [line for line in table if "…" in line and not line.startswith("  ")]
     # 13: why, per model, with the HTTP status of errors.
     assert "why streams did not complete (the latest record of each):" in table
-    reasons = [line.strip() for line in table if line.startswith("  ")]
+    # each reason starts indented; it wraps at word boundaries onto lines of its own
+    why = table.index("why streams did not complete (the latest record of each):")
+    reasons: list[str] = []
+    for line in table[why + 1:]:
+        if not line.strip():
+            break
+        if line.startswith("  "):
+            reasons.append(line.strip())
+        else:
+            reasons[-1] += " " + line.strip()
     assert any(line.startswith("flaky: 110 truncated: the connection broke after 3 events")
                for line in reasons), reasons
     assert any(line.startswith("stalled: 110 timed out: no event within 0.5 s")

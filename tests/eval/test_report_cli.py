@@ -158,8 +158,8 @@ def test_json_has_everything_under_stable_keys(tmp_path: Path) -> None:
     assert exact["pass_hat_k"] == {"2": 0.5} and exact["flaky"] == ["q2"]
     assert thinker["scorers"]["exact"]["unscored"] == 1
     assert thinker["scorers"]["exact"]["short_prompts"] == 1
-    assert writer["cost"] == {"total": 0.012, "known": 12, "unknown": 0}
-    assert thinker["cost"] == {"total": None, "known": 0, "unknown": 12}
+    assert writer["cost"] == {"total": 0.012, "known": 12, "unknown": 0, "text": "$0.012"}
+    assert thinker["cost"] == {"total": None, "known": 0, "unknown": 12, "text": "-"}
     assert len(writer["ttft"]["values"]) == 12 and writer["ttft"]["p50"] == pytest.approx(0.055)
     analytic = json.loads(run(str(results), "--json", "--interval", "analytic").stdout)
     assert analytic["evaluation"]["models"][1]["scorers"]["exact"]["pass_rate"]["method"] \
@@ -205,7 +205,7 @@ def test_without_scores_cost_is_shown_when_records_carry_it(tmp_path: Path) -> N
     assert done.returncode == 0 and "scores:" not in done.stdout
     assert re.search(r"a\s+\$0\.25\+\s+1\s+1", done.stdout), done.stdout
     data = json.loads(run(str(path), "--json").stdout)
-    assert data["a"]["cost"] == {"total": 0.25, "known": 1, "unknown": 1}
+    assert data["a"]["cost"] == {"total": 0.25, "known": 1, "unknown": 1, "text": "$0.25+"}
     assert data["a"]["runs"] == 2  # today's keys stay
 
 
