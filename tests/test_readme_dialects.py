@@ -270,7 +270,9 @@ def test_the_upstream_checks_requests_as_the_readme_says(mock_url: str) -> None:
 
 def test_the_chat_only_models_are_the_ones_listed(tmp_path: Path) -> None:
     listing = _fanout("mock", "--list", cwd=tmp_path).stdout
-    chat_only = {line.split()[0] for line in listing.splitlines()
+    # an entry's description wraps onto lines indented under it
+    entries = re.sub(r"\n {27}", " ", listing).splitlines()
+    chat_only = {line.split()[0] for line in entries
                  if line.endswith("[/v1/chat/completions only]")}
     sentence = _flat(UPSTREAM)
     sentence = sentence[sentence.index("naming the route):"):]
