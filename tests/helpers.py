@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import fcntl
 import itertools
+import os
+import pty
 import random
+import struct
+import subprocess
+import termios
 from collections.abc import Iterator, Sequence
 
 from fanout import ServerSentEvent, SSEDecoder
@@ -61,3 +67,25 @@ def sse_body(*frames: object, done: bool = True) -> bytes:
     if done:
         parts.append("data: [DONE]\n\n")
     return "".join(parts).encode()
+
+
+def on_pty(command: Sequence[str], rows: int, columns: int) -> tuple[int, str]:
+    """Run ``command`` on a real pseudo-terminal of ``rows`` x ``columns`` (no COLUMNS or
+    LINES to override it); its exit status and everything it wrote, decoded."""
+    main, child = pty.openpty()
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+    environ = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    process = subprocess.Popen(list(command), stdin=child, stdout=child, stderr=child,
+                               env=environ, close_fds=True)
+    os.close(child)
+    chunks = []
+    while True:
+        try:
+            data = os.read(main, 65536)
+        except OSError:  # EIO: the child closed its side
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(main)
+    return process.wait(timeout=60), b"".join(chunks).decode("utf-8", "replace")

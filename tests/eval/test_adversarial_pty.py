@@ -7,15 +7,10 @@ width it uses is the terminal's own, as for a user; every line it draws must fit
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
-import pty
 import re
-import struct
 import subprocess
 import sys
-import termios
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +19,7 @@ from rich.cells import cell_len
 
 from fanout.records import dumps_bytes
 from fanout.store.scores import answer_key
+from tests.helpers import on_pty
 
 COMMAND = [sys.executable, "-m", "fanout.cli.main"]
 _ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
@@ -67,24 +63,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def _on_pty(args: list[str], columns: int) -> tuple[int, str]:
-    main, child = pty.openpty()
-    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
-    environ = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
-    process = subprocess.Popen([*COMMAND, *args], stdin=child, stdout=child, stderr=child,
-                               env=environ, close_fds=True)
-    os.close(child)
-    chunks = []
-    while True:
-        try:
-            data = os.read(main, 65536)
-        except OSError:  # EIO: the child closed its side
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(main)
-    status = process.wait(timeout=60)
-    return status, b"".join(chunks).decode("utf-8", "replace")
+    return on_pty([*COMMAND, *args], rows=50, columns=columns)
 
 
 @pytest.mark.parametrize("columns", [40, 60, 80, 120, 200])

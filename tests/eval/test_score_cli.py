@@ -21,6 +21,7 @@ from fanout.cli.score import ScoreOptions, run_score
 from fanout.store.results import work_key
 from fanout.store.scores import answer_key, read_scores, scores_path
 from fanout.upstream import RunningUpstream
+from tests.helpers import on_pty
 
 COMMAND = [sys.executable, "-m", "fanout.cli.main"]
 
@@ -464,29 +465,7 @@ def test_hostile_answers_stay_data(tmp_path: Path, results: str, config: str) ->
 # ------------------------------------------------------------------ progress while judging
 
 def _on_pty(args: list[str]) -> tuple[int, str]:
-    import fcntl
-    import os
-    import pty
-    import struct
-    import termios
-
-    main_fd, child = pty.openpty()
-    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
-    environ = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
-    process = subprocess.Popen([*COMMAND, *args], stdin=child, stdout=child, stderr=child,
-                               env=environ, close_fds=True)
-    os.close(child)
-    chunks = []
-    while True:
-        try:
-            data = os.read(main_fd, 65536)
-        except OSError:  # EIO: the child closed its side
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(main_fd)
-    return process.wait(timeout=60), b"".join(chunks).decode(errors="replace")
+    return on_pty([*COMMAND, *args], rows=40, columns=160)
 
 
 def test_score_shows_a_progress_bar_of_the_judges_on_a_terminal(results: str,
