@@ -1,0 +1,161 @@
+"""How the service writes a stream: what is ready goes in one write, nothing waits for
+more, keep-alives fill silences, and the body's writes skip the middlewares."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+import trio
+from trio.testing import MockClock
+
+from fanout._channel import EventChannel
+from fanout.core.events import Event, TextDelta
+from fanout.serve import run
+from fanout.serve.reading import ASGIApp, Message, Receive, Scope, Send
+from fanout.serve.relay import drain
+from fanout.serve.sse import KEEPALIVE
+from fanout.upstream import RunningUpstream
+
+from .helpers import ask, make_config, post_sse, serving
+
+
+class RecordingOut:
+    """An ``Out`` that keeps each write with its (virtual) time."""
+
+    def __init__(self, keepalive: float | None) -> None:
+        self.keepalive = keepalive
+        self.quiet_since = trio.current_time()
+        self.parts: list[str] = []
+        self.writes: list[tuple[float, str]] = []
+
+    def add_event(self, name: str, payload: Mapping[str, Any]) -> None:
+        self.parts.append(payload["text"])
+
+    def add_data(self, payload: Mapping[str, Any]) -> None:  # pragma: no cover
+        self.parts.append(payload["text"])
+
+    def add_done(self) -> None:  # pragma: no cover
+        self.parts.append("[DONE]")
+
+    async def flush(self) -> None:
+        if self.parts:
+            data = "".join(self.parts)
+            self.parts.clear()
+            await self._write(data)
+
+    async def idle(self) -> None:
+        await self.flush()
+        await self._write(KEEPALIVE.decode())
+
+    async def _write(self, data: str) -> None:
+        self.writes.append((trio.current_time(), data))
+        await trio.lowlevel.checkpoint()
+        self.quiet_since = trio.current_time()
+
+
+@pytest.mark.parametrize("seed", range(8))
+async def test_drain_writes_what_is_ready_at_once_and_keeps_alive_after_each_silence(
+        autojump_clock: MockClock, seed: int) -> None:
+    """Events sent together are one write, at the moment they were sent (no window);
+    each silence of the keep-alive period after a write gets a keep-alive, counted from
+    that write.  Random gaps and burst sizes."""
+    rng = random.Random(seed)
+    keepalive = 1.0
+    send, receive = trio.open_memory_channel[Event](1000)
+    out = RecordingOut(keepalive)
+    start = trio.current_time()
+    expected: list[tuple[float, str]] = []
+    plan: list[tuple[float, list[str]]] = []
+    at, last_write, number = 0.0, 0.0, 0
+    for _ in range(12):
+        at += rng.choice([0.01, 0.3, 0.9, 1.7, 3.4]) + rng.random() / 10
+        burst = [f"e{number + i}." for i in range(rng.randint(1, 4))]
+        number += len(burst)
+        plan.append((at, burst))
+        silence = last_write + keepalive
+        while silence < at:
+            expected.append((silence, KEEPALIVE.decode()))
+            last_write, silence = silence, silence + keepalive
+        expected.append((at, "".join(burst)))
+        last_write = at
+
+    async def produce() -> None:
+        async with send:
+            for when, burst in plan:
+                await trio.sleep_until(start + when)
+                for text in burst:
+                    send.send_nowait(TextDelta(0, text, stream="a"))
+
+    def handle(event: Event) -> None:
+        out.add_event("text", {"text": event.text})  # type: ignore[attr-defined]
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(produce)
+        await drain(EventChannel(receive), handle, out)
+    got = [(round(when - start, 6), data) for when, data in out.writes]
+    assert got == [(round(when, 6), data) for when, data in expected]
+
+
+async def test_drain_without_keepalive_only_relays(autojump_clock: MockClock) -> None:
+    send, receive = trio.open_memory_channel[Event](10)
+    out = RecordingOut(None)
+
+    async def produce() -> None:
+        async with send:
+            await trio.sleep(50)
+            send.send_nowait(TextDelta(0, "late", stream="a"))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(produce)
+        await drain(EventChannel(receive), lambda e: out.add_event("text", {"text": "late"}),
+                    out)
+    assert [data for _, data in out.writes] == ["late"]
+
+
+class Watching:
+    """Wraps the app as a middleware would: counts the messages sent through it."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.seen: list[Message] = []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def watched(message: Message) -> None:
+            self.seen.append(message)
+            await send(message)
+
+        await self.app(scope, receive, watched)
+
+
+@pytest.mark.parametrize("path", ["/v1/fanout", "/v1/chat/completions"])
+async def test_a_streamed_body_goes_to_the_server_past_every_middleware(
+        upstream: RunningUpstream, monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+    """The head passes the middlewares (their headers are on it); the body's writes go
+    to the server's own send, not through a wrapper a write."""
+    watching: list[Watching] = []
+    create_app = run.create_app
+
+    def watched_app(service: Any) -> Any:
+        watching.append(Watching(create_app(service)))
+        return watching[-1]
+
+    monkeypatch.setattr(run, "create_app", watched_app)
+    config = make_config('cors_origins = ["https://app.example"]')
+    body = ask("fast", "tools") if path == "/v1/fanout" else {
+        "model": "fast", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    async with serving(upstream, config, replica="eu-1") as served, \
+            served.client(origin="https://app.example") as client:
+        got = await post_sse(client, path, body)
+    assert got.status == 200
+    assert got.headers["x-fanout-replica"] == "eu-1"
+    assert got.headers["access-control-allow-origin"] == "https://app.example"
+    assert got.raw.endswith(b"data: [DONE]\n\n")
+    assert len(got.events) > 5
+    (app,) = watching
+    kinds = [message["type"] for message in app.seen]
+    assert kinds == ["http.response.start"]
+    headers = dict(app.seen[0]["headers"])
+    assert headers[b"x-fanout-replica"] == b"eu-1"
