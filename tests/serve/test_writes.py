@@ -1,5 +1,6 @@
 """How the service writes a stream: what is ready goes in one write, nothing waits for
-more, keep-alives fill silences, and the body's writes skip the middlewares."""
+more, keep-alives fill silences, the body's writes skip the middlewares, and a write the
+socket takes at once costs no schedule point of its own."""
 
 from __future__ import annotations
 
@@ -9,12 +10,21 @@ from typing import Any
 
 import pytest
 import trio
-from trio.testing import MockClock
+from trio.testing import MockClock, assert_no_checkpoints
 
 from fanout._channel import EventChannel
+from fanout.config import ServeConfig
 from fanout.core.events import Event, TextDelta
 from fanout.serve import run
-from fanout.serve.reading import ASGIApp, Message, Receive, Scope, Send
+from fanout.serve.reading import (
+    ASGIApp,
+    Message,
+    Readers,
+    ReadingStream,
+    Receive,
+    Scope,
+    Send,
+)
 from fanout.serve.relay import drain
 from fanout.serve.sse import KEEPALIVE
 from fanout.upstream import RunningUpstream
@@ -159,3 +169,62 @@ async def test_a_streamed_body_goes_to_the_server_past_every_middleware(
     assert kinds == ["http.response.start"]
     headers = dict(app.seen[0]["headers"])
     assert headers[b"x-fanout-replica"] == b"eu-1"
+
+
+async def socket_pair() -> tuple[ReadingStream, trio.SocketStream]:
+    """A ``ReadingStream`` as the server wraps an accepted connection, and its peer."""
+    ours, theirs = trio.socket.socketpair()
+    connection = Readers(ServeConfig()).open()
+    return ReadingStream(trio.SocketStream(ours), connection), trio.SocketStream(theirs)
+
+
+async def test_a_write_the_socket_takes_at_once_makes_no_schedule_point() -> None:
+    """Hypercorn takes its send lock (a schedule point) before each write: the write
+    itself makes none when the socket takes it whole."""
+    writer, reader = await socket_pair()
+    async with writer, reader:
+        for size in (1, 100, 4000):
+            with assert_no_checkpoints():
+                await writer.send_all(b"x" * size)
+            with trio.fail_after(5):
+                got = b""
+                while len(got) < size:
+                    got += await reader.receive_some()
+            assert got == b"x" * size
+        assert writer.connection.sent
+
+
+@pytest.mark.parametrize("seed", range(4))
+async def test_what_the_socket_cannot_take_at_once_waits_and_arrives_whole(seed: int) -> None:
+    rng = random.Random(seed)
+    writer, reader = await socket_pair()
+    data = rng.randbytes(rng.randint(1, 4) * 1_000_000)
+    got = bytearray()
+
+    async def read() -> None:
+        while len(got) < len(data):
+            got.extend(await reader.receive_some(rng.choice([1000, 65536])))
+            if rng.random() < 0.3:
+                await trio.sleep(0)
+
+    async with writer, reader:
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(read)
+                offset = 0
+                while offset < len(data):
+                    size = rng.choice([10, 5000, 300_000, 2_000_000])
+                    await writer.send_all(data[offset:offset + size])
+                    offset += size
+    assert bytes(got) == data
+
+
+async def test_a_write_to_a_gone_peer_or_a_closed_stream_raises_trio_errors() -> None:
+    writer, reader = await socket_pair()
+    await reader.aclose()
+    with trio.fail_after(5), pytest.raises(trio.BrokenResourceError):
+        while True:
+            await writer.send_all(b"x" * 1000)
+    await writer.aclose()
+    with pytest.raises(trio.ClosedResourceError):
+        await writer.send_all(b"x")
