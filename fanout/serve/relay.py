@@ -87,7 +87,8 @@ async def _keep_alive(out: Out, keepalive: float) -> None:
         due = out.quiet_since + keepalive
         if trio.current_time() >= due:
             await out.idle()
-            if out.quiet_since + keepalive <= trio.current_time():  # wrote nothing (gone)
+            if out.quiet_since + keepalive <= trio.current_time():
+                # Nothing written: the client is gone, or a write is still under way.
                 await trio.sleep(keepalive)
         else:
             await trio.sleep_until(due)

@@ -98,6 +98,7 @@ class SSEOut:
         self.keepalive = keepalive
         self.quiet_since = trio.current_time()
         self._parts: list[bytes] = []
+        self._writing = 0  # writes under way (waiting for a slow client, say)
         self.gone = False
         self.sent = 0
 
@@ -118,8 +119,10 @@ class SSEOut:
         await self._write(data)
 
     async def idle(self) -> None:
+        """A keep-alive, unless a write is under way: that is no silence."""
         await self.flush()
-        await self._write(KEEPALIVE)
+        if not self._writing:
+            await self._write(KEEPALIVE)
 
     async def end(self) -> None:
         """The body's end (after the last ``flush``)."""
@@ -128,6 +131,7 @@ class SSEOut:
     async def _write(self, data: bytes) -> None:
         if self.gone:
             return
+        self._writing += 1
         try:
             await self._send({"type": "http.response.body", "body": data, "more_body": True})
         except OSError:  # the connection broke under the write: as good as gone
@@ -135,6 +139,8 @@ class SSEOut:
         else:
             self.sent += len(data)
             self.quiet_since = trio.current_time()
+        finally:
+            self._writing -= 1
 
 
 class NullOut:

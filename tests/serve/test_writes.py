@@ -26,7 +26,7 @@ from fanout.serve.reading import (
     Send,
 )
 from fanout.serve.relay import drain
-from fanout.serve.sse import KEEPALIVE
+from fanout.serve.sse import KEEPALIVE, SSEOut
 from fanout.upstream import RunningUpstream
 
 from .helpers import ask, make_config, post_sse, serving
@@ -123,6 +123,33 @@ async def test_drain_without_keepalive_only_relays(autojump_clock: MockClock) ->
         await drain(EventChannel(receive), lambda e: out.add_event("text", {"text": "late"}),
                     out)
     assert [data for _, data in out.writes] == ["late"]
+
+
+async def test_a_keep_alive_never_queues_behind_a_write_under_way(
+        autojump_clock: MockClock) -> None:
+    """A write that waits 4.5 s for a slow client is no silence: the next keep-alive
+    comes a period after it ended, none is queued behind it."""
+    start = trio.current_time()
+    writes: list[tuple[float, bytes]] = []
+
+    async def send(message: Message) -> None:
+        if not writes and message["body"] != KEEPALIVE:
+            await trio.sleep(4.5)
+        writes.append((trio.current_time() - start, message["body"]))
+
+    out = SSEOut(send, keepalive=1.0)
+    sender, receive = trio.open_memory_channel[Event](10)
+
+    async def produce() -> None:
+        async with sender:
+            sender.send_nowait(TextDelta(0, "slow", stream="a"))
+            await trio.sleep(7)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(produce)
+        await drain(EventChannel(receive), lambda e: out.add_event("text", {"n": 1}), out)
+    assert writes == [(4.5, b'event: text\ndata: {"n":1}\n\n'), (5.5, KEEPALIVE),
+                      (6.5, KEEPALIVE)]
 
 
 class Watching:
