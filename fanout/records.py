@@ -95,6 +95,10 @@ _TYPES: dict[type[Any], str] = {
 }
 
 
+#: The fields an event type's record copies as they are, by type (looked up once).
+_FIELDS: dict[type[Any], tuple[str, ...]] = {}
+
+
 def event_record(event: Event) -> dict[str, Any]:
     """``{"type": ..., "stream": ..., <the event's fields>, "content_key": ...}``.
 
@@ -125,9 +129,13 @@ def event_record(event: Event) -> dict[str, Any]:
     elif isinstance(event, ThinkingBlockFinished):
         record.update(choice=event.choice, **_thinking(event.block))
     else:
-        for field in attrs.fields(type(event)):
-            if field.name not in ("stream", "content_key"):
-                record[field.name] = getattr(event, field.name)
+        names = _FIELDS.get(type(event))
+        if names is None:
+            names = _FIELDS[type(event)] = tuple(
+                field.name for field in attrs.fields(type(event))
+                if field.name not in ("stream", "content_key"))
+        for name in names:
+            record[name] = getattr(event, name)
     record["content_key"] = event.content_key
     return record
 

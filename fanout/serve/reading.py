@@ -35,7 +35,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import errno
 import math
+import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Literal
 
@@ -179,6 +181,7 @@ class ReadingStream(trio.abc.HalfCloseableStream):
     def __init__(self, stream: trio.SocketStream, connection: Connection) -> None:
         self._stream = stream
         self.connection = connection
+        self._closed = False  # closed by a deadline or the cap: nothing more is sent
 
     @property
     def socket(self) -> trio.socket.SocketType:  # what Hypercorn asks for the addresses
@@ -220,10 +223,29 @@ class ReadingStream(trio.abc.HalfCloseableStream):
         raise trio.BrokenResourceError(why)
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        if getattr(self, "_closed", False):
+        """Write ``data``: what the socket takes at once is written here without a
+        schedule point (Hypercorn makes one before every write, taking its send lock;
+        trio's own send would make a second after it, for every event relayed); the
+        rest, if any, through trio's send, which waits until the socket takes it."""
+        if self._closed:
             raise trio.BrokenResourceError("closed for reading too slowly")
         self.connection.sent = True
-        await self._stream.send_all(data)
+        stream = self._stream
+        socket = stream.socket
+        descriptor = socket.fileno()
+        if data and descriptor != -1 and not socket.did_shutdown_SHUT_WR:
+            try:
+                written = os.write(descriptor, data)
+            except BlockingIOError:
+                written = 0
+            except OSError as exc:
+                if exc.errno in (errno.EBADF, errno.ENOTSOCK):
+                    raise trio.ClosedResourceError("this socket was already closed") from None
+                raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
+            if written == len(data):
+                return
+            data = memoryview(data)[written:]
+        await stream.send_all(data)
 
     async def wait_send_all_might_not_block(self) -> None:
         await self._stream.wait_send_all_might_not_block()

@@ -43,34 +43,55 @@ async def drain(events: EventChannel[Event], handle: Callable[[Event], None], ou
     """Hand every event to ``handle``, flushing ``out`` whenever no event is ready.
 
     Events ready together go out in one write (under load, one write carries
-    many events); after ``out.keepalive`` seconds without any, ``out.idle()``
-    sends a keep-alive.  Returns when the channel ends.
+    many events); whatever is ready when a write is made goes with it, nothing
+    waits for more.  After ``out.keepalive`` seconds without a write,
+    ``out.idle()`` sends a keep-alive.  Returns when the channel ends.
     """
     keepalive = out.keepalive
+    if keepalive is None:
+        await _relay(events, handle, out)
+        return
+    async with trio.open_nursery() as nursery:
+        # One timer for the whole response, not one cancel scope per wait for an event:
+        # it wakes once a keep-alive period and looks at when the last write was.
+        nursery.start_soon(_keep_alive, out, keepalive)
+        await _relay(events, handle, out)
+        nursery.cancel_scope.cancel()
+
+
+async def _relay(events: EventChannel[Event], handle: Callable[[Event], None], out: Out) -> None:
+    receive_nowait = events.receive_nowait
+    flush = out.flush
     while True:
         try:
-            if keepalive is None:
-                event = await events.receive()
-            else:
-                with trio.move_on_after(keepalive) as waited:
-                    event = await events.receive()
-                if waited.cancelled_caught:
-                    await out.idle()
-                    continue
+            event = await events.receive()
         except trio.EndOfChannel:
-            await out.flush()
+            await flush()
             return
         handle(event)
         for _ in range(BATCH):
             try:
-                event = events.receive_nowait()
+                event = receive_nowait()
             except trio.WouldBlock:
                 break
             except trio.EndOfChannel:
-                await out.flush()
+                await flush()
                 return
             handle(event)
-        await out.flush()
+        await flush()
+
+
+async def _keep_alive(out: Out, keepalive: float) -> None:
+    """``out.idle()`` whenever ``keepalive`` seconds passed since ``out``'s last write."""
+    while True:
+        due = out.quiet_since + keepalive
+        if trio.current_time() >= due:
+            await out.idle()
+            if out.quiet_since + keepalive <= trio.current_time():
+                # Nothing written: the client is gone, or a write is still under way.
+                await trio.sleep(keepalive)
+        else:
+            await trio.sleep_until(due)
 
 
 @final

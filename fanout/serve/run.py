@@ -29,8 +29,9 @@ from hypercorn.utils import repr_socket_addr, wrap_app
 
 from ..config import ServeConfig
 from .app import create_app
-from .reading import CURRENT, ReadDeadlines, Readers, ReadingStream
+from .reading import CURRENT, ASGIApp, ReadDeadlines, Readers, ReadingStream, Receive, Scope, Send
 from .service import Service
+from .sse import SERVER_SEND
 
 __all__ = ["GRACEFUL_SECONDS", "is_loopback", "serve_app"]
 
@@ -70,6 +71,17 @@ def hypercorn_config(host: str, port: int, limits: ServeConfig | None = None
     return config
 
 
+def _server_send(app: ASGIApp) -> ASGIApp:
+    """``app`` with the server's own ``send`` in every scope (``sse.SERVER_SEND``),
+    for the streamed responses' bodies."""
+
+    async def call(scope: Scope, receive: Receive, send: Send) -> None:
+        scope[SERVER_SEND] = send
+        await app(scope, receive, send)
+
+    return call
+
+
 async def serve_app(service: Service, host: str, port: int, *,
                     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
                     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED) -> None:
@@ -80,7 +92,7 @@ async def serve_app(service: Service, host: str, port: int, *,
     """
     limits = service.limits
     config = hypercorn_config(host, port, limits)
-    app = wrap_app(cast(Any, ReadDeadlines(cast(Any, create_app(service)))),
+    app = wrap_app(cast(Any, _server_send(ReadDeadlines(cast(Any, create_app(service))))),
                    config.wsgi_max_body_size, "asgi")
     readers = service.readers = Readers(limits)
     context = WorkerContext(None)
