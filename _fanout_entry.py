@@ -7,7 +7,9 @@ that running it imports nothing but the interpreter's own C modules: ``main``
 installs a SIGINT handler (``_signal``: ``signal`` would import ``enum`` and
 more first) that writes one line and exits 130, then imports and runs
 ``fanout.cli.main.main``, which puts the previous handler back as soon as it
-can handle ``KeyboardInterrupt`` itself (one line, 130, after cleaning up).
+can handle ``KeyboardInterrupt`` itself (one line, 130, after cleaning up).  In
+between, ``fanout.tune_gc()`` sets the process's garbage collector for many
+concurrent streams (the command is the whole process; the library never does).
 """
 
 import _signal
@@ -32,8 +34,12 @@ def main() -> int:
         previous = None
     else:
         _signal.signal(_signal.SIGINT, _interrupted_while_starting)
+    from fanout import tune_gc
     from fanout.cli.main import main as run
 
+    # A command that runs thousands of streams spends a third of its CPU in the
+    # collector's walks otherwise; everything imported so far is frozen out of them.
+    tune_gc()
     status: int = run(restore_sigint=previous)
     return status
 

@@ -2,7 +2,7 @@
 loop, a bare httpx loop and the openai SDK.
 
     .venv/bin/python bench/fanout.py [--streams 1000 3000 10000] [--tokens 200] [--rounds 3]
-                                     [--clients fanout aiohttp httpx openai]
+                                     [--clients fanout fanout+gc aiohttp aiohttp+gc httpx openai]
                                      [--openai-max 3000]
 
 Starts ``fanout mock`` in its own process (cadence 0, one write per event, as
@@ -21,6 +21,11 @@ the rounds alternating their order:
            counts bytes: the floor of any httpx-based client
   openai   AsyncOpenAI as users run it (its own default transport, no client
            handed in, max_retries=0) and asyncio.gather, iterating the chunks
+
+and ``fanout+gc`` and ``aiohttp+gc``: the same two with the garbage collector set
+as ``fanout.tune_gc()`` sets it (the ``fanout`` command does at its start): what
+was imported frozen, the young generation collected after 50,000 new objects.
+Each is also compared with its peer under the same setting.
 
 Reported per client: CPU time of its process (time.process_time, imports and
 the server excluded) per SSE event; peak memory per stream, (VmHWM at the end
@@ -48,7 +53,10 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 
 MESSAGES = [{"role": "user", "content": "benchmark"}]
 HEADERS = {"x-fanout-fragment": "event", "x-fanout-cadence": "0"}
-CLIENTS = ("fanout", "aiohttp", "httpx", "openai")
+CLIENTS = ("fanout", "fanout+gc", "aiohttp", "aiohttp+gc", "httpx", "openai")
+#: ``fanout.tune_gc()``'s young threshold (the parent checks they agree).
+TUNED_YOUNG = 50_000
+PEERS = ("aiohttp", "aiohttp+gc", "openai")
 
 
 def raise_open_files() -> None:
@@ -197,23 +205,30 @@ def run_openai(base_url: str, streams: int, tokens: int) -> tuple[int, int]:
     return asyncio.run(main())
 
 
-RUNNERS = {"fanout": run_fanout, "aiohttp": run_aiohttp, "httpx": run_httpx,
-           "openai": run_openai}
+RUNNERS = {"fanout": run_fanout, "fanout+gc": run_fanout, "aiohttp": run_aiohttp,
+           "aiohttp+gc": run_aiohttp, "httpx": run_httpx, "openai": run_openai}
 
 
 def child(name: str, base_url: str, streams: int, tokens: int) -> None:
     raise_open_files()
     runner = RUNNERS[name]
     # Imports first, so neither their CPU nor their memory counts.
-    if name == "fanout":
+    if name.startswith("fanout"):
         import trio  # noqa: F401
 
-        import fanout  # noqa: F401
-    elif name == "aiohttp":
+        import fanout
+        if name == "fanout+gc":
+            fanout.tune_gc()
+    elif name.startswith("aiohttp"):
         import aiohttp  # noqa: F401
         import orjson  # noqa: F401
     elif name == "httpx":
         import httpx  # noqa: F401
+        if name == "aiohttp+gc":  # what fanout.tune_gc() does, without importing fanout
+            import gc
+
+            gc.freeze()
+            gc.set_threshold(TUNED_YOUNG, *gc.get_threshold()[1:])
     else:
         import openai  # noqa: F401
     rss = status_kb("VmRSS")
@@ -256,6 +271,9 @@ def main() -> None:
     import openai
     import trio
 
+    from fanout._gc import YOUNG_THRESHOLD
+    assert TUNED_YOUNG == YOUNG_THRESHOLD, "bench/fanout.py's TUNED_YOUNG is out of date"
+
     server = subprocess.Popen([sys.executable, "-m", "fanout.cli.main", "mock", "--port", "0"],
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
@@ -291,18 +309,17 @@ def main() -> None:
                 ratios = {peer: statistics.median(per_event(r) / per_event(p)
                                                   for r, p in zip(runs, samples[peer],
                                                                   strict=False))
-                          for peer in ("aiohttp", "openai") if peer in samples}
+                          for peer in PEERS if peer in samples}
                 rows.append((streams, name, cpu, kb, rate, max(r["errors"] for r in runs),
                              ratios))
         print()
-        print("| streams | client | CPU µs/event | peak KB/stream | events/s | errors "
-              "| vs aiohttp | vs openai |")
-        print("|---:|---|---:|---:|---:|---:|---:|---:|")
+        print("| streams | client | CPU µs/event | peak KB/stream | events/s | errors | "
+              + " | ".join(f"vs {peer}" for peer in PEERS) + " |")
+        print("|---:|---|---:|---:|---:|---:|" + "---:|" * len(PEERS))
         for streams, name, cpu, kb, rate, errors, ratios in rows:
-            versus = [f"{ratios[peer]:.2f}x" if peer in ratios else "-"
-                      for peer in ("aiohttp", "openai")]
-            print(f"| {streams:,} | {name} | {cpu:.1f} | {kb:.1f} | {rate:,.0f} | {int(errors)} "
-                  f"| {versus[0]} | {versus[1]} |")
+            versus = [f"{ratios[peer]:.2f}x" if peer in ratios else "-" for peer in PEERS]
+            print(f"| {streams:,} | {name} | {cpu:.1f} | {kb:.1f} | {rate:,.0f} | {int(errors)} | "
+                  + " | ".join(versus) + " |")
     finally:
         server.terminate()
         server.wait(timeout=10)

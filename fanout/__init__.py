@@ -10,6 +10,7 @@ from ._exceptions import FanoutError as FanoutError
 from ._exceptions import MalformedFrame as MalformedFrame
 from ._exceptions import ProtocolError as ProtocolError
 from ._exceptions import ResponseTooLarge as ResponseTooLarge
+from ._gc import tune_gc as tune_gc
 from .config import Config as Config
 from .config import ModelConfig as ModelConfig
 from .config import load_config as load_config
@@ -119,4 +120,5 @@ __all__ = [
     "open_fanout",
     "parse_stream",
     "run_fanout",
+    "tune_gc",
 ]

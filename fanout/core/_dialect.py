@@ -54,7 +54,10 @@ MAX_BLOCKS = 1024
 _EXCERPT = 200
 _NO_REDACTION = Redactor()
 
-Handler = Callable[[dict[str, Any], str | bytes, list[CoreEvent]], None]
+#: An event type's handler: ``handler(interpreter, chunk, data, out)``.  A dialect's
+#: table holds its methods unbound, one table for the class: bound methods kept by an
+#: instance would refer back to it, a cycle that only the garbage collector frees.
+Handler = Callable[[Any, dict[str, Any], str | bytes, list[CoreEvent]], None]
 
 
 class DialectInterpreter:
@@ -98,6 +101,7 @@ class DialectInterpreter:
         self._handlers: dict[str, Handler] = self._table()
 
     def _table(self) -> dict[str, Handler]:  # pragma: no cover - every dialect overrides it
+        """The dialect's handlers (one dict for the class, built once)."""
         return {}
 
     def interpret(self, event: ServerSentEvent) -> list[CoreEvent]:
@@ -182,7 +186,7 @@ class DialectInterpreter:
                 else:
                     self.ignored_events += 1
                 return
-        handler(chunk, data, out)
+        handler(self, chunk, data, out)
 
     def interpret_all(self, events: Sequence[ServerSentEvent | str | bytes | tuple[Any, str]],
                       out: list[CoreEvent], fold: Accumulator | None = None) -> None:
@@ -211,7 +215,7 @@ class DialectInterpreter:
                             kind = chunk.get("type")
                             handler = handlers.get(kind) if type(kind) is str else None
                             if handler is not None:
-                                handler(chunk, data, out)
+                                handler(self, chunk, data, out)
                                 continue
             self.interpret_into(event, out)
 

@@ -156,16 +156,7 @@ class AnthropicInterpreter(DialectInterpreter):
                          max_blocks=max_blocks)
 
     def _table(self) -> dict[str, Handler]:
-        return {
-            "content_block_delta": self._delta,
-            "content_block_start": self._start,
-            "content_block_stop": self._stop,
-            "message_start": self._message_start,
-            "message_delta": self._message_delta,
-            "message_stop": self._message_stop,
-            "ping": _nothing,
-            "error": self._report,
-        }
+        return _HANDLERS
 
     def interpret_all(self, events: Sequence[ServerSentEvent | str | bytes | tuple[Any, str]],
                       out: list[CoreEvent], fold: Accumulator | None = None) -> None:
@@ -207,7 +198,7 @@ class AnthropicInterpreter(DialectInterpreter):
                             continue
                     handler = handlers.get(kind) if type(kind) is str else None
                     if handler is not None:
-                        handler(chunk, data, out)
+                        handler(self, chunk, data, out)
                         continue
             self.interpret_into(event, out)
 
@@ -462,7 +453,8 @@ class AnthropicInterpreter(DialectInterpreter):
         return error
 
 
-def _nothing(chunk: dict[str, Any], data: str | bytes, out: list[CoreEvent]) -> None:
+def _nothing(interpreter: object, chunk: dict[str, Any], data: str | bytes,
+             out: list[CoreEvent]) -> None:
     return None
 
 
@@ -531,3 +523,16 @@ def anthropic_body_events(payload: Any, stream: str = "", content_key: str = "",
     for frame in frames:
         interpreter.interpret_into(ServerSentEvent(json.dumps(frame)), out)
     return out
+
+
+#: ``AnthropicInterpreter``'s handlers (see ``Handler``).
+_HANDLERS: dict[str, Handler] = {
+    "content_block_delta": AnthropicInterpreter._delta,
+    "content_block_start": AnthropicInterpreter._start,
+    "content_block_stop": AnthropicInterpreter._stop,
+    "message_start": AnthropicInterpreter._message_start,
+    "message_delta": AnthropicInterpreter._message_delta,
+    "message_stop": AnthropicInterpreter._message_stop,
+    "ping": _nothing,
+    "error": AnthropicInterpreter._report,
+}

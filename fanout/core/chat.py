@@ -412,7 +412,12 @@ _IS_IT = "is this model's api \"%s\"?"
 def _unsafe(payload: bytes, secrets: tuple[bytes, ...]) -> bool:
     """The redactor may have work in ``payload``: a secret's bytes, or a ``\\u00``
     escape (a secret spelt with escapes) are in it."""
-    return b"\\u00" in payload or any(secret in payload for secret in secrets)
+    if b"\\u00" in payload:
+        return True
+    for secret in secrets:  # noqa: SIM110 - a loop, not any(): no generator per chunk
+        if secret in payload:
+            return True
+    return False
 
 
 def other_dialect(kind: str) -> tuple[str, str] | None:

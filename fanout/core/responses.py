@@ -147,26 +147,7 @@ class ResponsesInterpreter(DialectInterpreter):
                          max_blocks=max_blocks)
 
     def _table(self) -> dict[str, Handler]:
-        table: dict[str, Handler] = {
-            "response.output_text.delta": self._text,
-            "response.refusal.delta": self._refusal,
-            "response.reasoning_text.delta": self._reasoning,
-            "response.reasoning_summary_text.delta": self._reasoning,
-            "response.function_call_arguments.delta": self._arguments,
-            "response.function_call_arguments.done": self._arguments_done,
-            "response.output_item.added": self._item_added,
-            "response.output_item.done": self._item_done,
-            "response.created": self._created,
-            "response.in_progress": self._created,
-            "response.queued": self._created,
-            "response.completed": self._completed,
-            "response.incomplete": self._incomplete,
-            "response.failed": self._failed,
-            "error": self._error_event,
-        }
-        for name in _SILENT:
-            table[name] = _nothing
-        return table
+        return _HANDLERS
 
     def interpret_all(self, events: Sequence[ServerSentEvent | str | bytes | tuple[Any, str]],
                       out: list[CoreEvent], fold: Accumulator | None = None) -> None:
@@ -207,7 +188,7 @@ class ResponsesInterpreter(DialectInterpreter):
                             continue
                     handler = handlers.get(kind) if type(kind) is str else None
                     if handler is not None:
-                        handler(chunk, data, out)
+                        handler(self, chunk, data, out)
                         continue
             self.interpret_into(event, out)
 
@@ -514,7 +495,7 @@ class ResponsesInterpreter(DialectInterpreter):
         replay._role = self._role
         replay._tools, replay._items = self._tools, self._items  # the caps hold overall
         for frame in _output_frames(output):
-            replay._handlers[frame["type"]](frame, "", out)
+            replay._handlers[frame["type"]](replay, frame, "", out)
         self._tools = replay._tools
         self._role = replay._role
 
@@ -578,7 +559,8 @@ def _short_type(chunk: dict[str, Any]) -> str:
     return kind[:60] if type(kind) is str else "the terminal event"
 
 
-def _nothing(chunk: dict[str, Any], data: str | bytes, out: list[CoreEvent]) -> None:
+def _nothing(interpreter: object, chunk: dict[str, Any], data: str | bytes,
+             out: list[CoreEvent]) -> None:
     return None
 
 
@@ -663,3 +645,24 @@ def _output_frames(output: list[Any]) -> list[dict[str, Any]]:
                        "item": added if kind != "function_call" else {
                            **added, "arguments": _arguments_text(item.get("arguments"))}})
     return frames
+
+
+#: ``ResponsesInterpreter``'s handlers (see ``Handler``).
+_HANDLERS: dict[str, Handler] = {
+    "response.output_text.delta": ResponsesInterpreter._text,
+    "response.refusal.delta": ResponsesInterpreter._refusal,
+    "response.reasoning_text.delta": ResponsesInterpreter._reasoning,
+    "response.reasoning_summary_text.delta": ResponsesInterpreter._reasoning,
+    "response.function_call_arguments.delta": ResponsesInterpreter._arguments,
+    "response.function_call_arguments.done": ResponsesInterpreter._arguments_done,
+    "response.output_item.added": ResponsesInterpreter._item_added,
+    "response.output_item.done": ResponsesInterpreter._item_done,
+    "response.created": ResponsesInterpreter._created,
+    "response.in_progress": ResponsesInterpreter._created,
+    "response.queued": ResponsesInterpreter._created,
+    "response.completed": ResponsesInterpreter._completed,
+    "response.incomplete": ResponsesInterpreter._incomplete,
+    "response.failed": ResponsesInterpreter._failed,
+    "error": ResponsesInterpreter._error_event,
+    **dict.fromkeys(_SILENT, _nothing),
+}

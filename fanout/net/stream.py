@@ -515,7 +515,13 @@ class StreamRunner:
                 try:
                     await self._response(number, response, parser, end)
                 finally:
-                    await response.aclose()
+                    try:
+                        await response.aclose()
+                    finally:
+                        # httpx's response and its body stream refer to each other: a
+                        # cycle that would keep the request, the connection's objects
+                        # and this runner alive until a full collection.
+                        response.stream = _CLOSED_BODY
             except httpx.ConnectTimeout:
                 end.timed_out = "connect"
                 end.unreported = True
@@ -1028,6 +1034,10 @@ class _Single:
         if data is None:
             raise StopIteration
         return data
+
+
+#: What a closed response's ``stream`` becomes (see ``_attempt_watched``).
+_CLOSED_BODY = httpx.ByteStream(b"")
 
 
 class _RequestBody(httpx.AsyncByteStream):
