@@ -13,16 +13,18 @@ Three kinds of process, each its own (2 cores here, shared by all of them):
              them to run at once (the service's /v1/status is polled to show it); the
              last row, cadence 0, is as fast as the processes go: the events/s one
              service process sustains
-  service    ``fanout serve`` on a config of 4 embedded models (mock/fast, mock/slow,
-             mock/reasoning, mock/tools: text, reasoning and tool calls), a fresh
-             process for every row (warmed up by one request), so its peak RSS is
-             that row's
+  service    ``fanout serve`` (``python -m fanout serve``: the command as users run
+             it, with its garbage collector set by ``fanout.tune_gc()``) on a
+             config of 4 embedded models (mock/fast, mock/slow, mock/reasoning,
+             mock/tools: text, reasoning and tool calls), a fresh process for every
+             row (warmed up by one request), so its peak RSS is that row's
   clients    a third process: C concurrent clients over bare trio sockets (nothing
              parsed but a count), each POSTing /v1/fanout with the 4 models,
              stream: true, one request after another, max(--fanouts, 2 x C)
              requests in all
 
-and, as the peer, the engine alone in a fresh process of its own: C concurrent
+and, as the peer, the engine alone in a fresh process of its own (the collector
+set the same way): C concurrent
 tasks, each running ``open_fanout`` over the same 4 models one after another
 (as many fan-outs in all, one shared client sized as the service sizes its
 own), every event consumed.
@@ -154,6 +156,7 @@ def engine_main(base_url: str, clients: int, fanouts: int, tokens: int, cadence:
 
     import fanout
 
+    fanout.tune_gc()  # as the service's process has it: `fanout serve` sets it at its start
     endpoint = fanout.Endpoint(base_url, None, headers(tokens, cadence))
     messages = [{"role": "user", "content": "benchmark"}]
     totals = {"events": 0, "errors": 0}
@@ -203,7 +206,7 @@ def measure_service(folder: Path, base_url: str, clients: int, fanouts: int,
                     tokens: int, cadence: float) -> dict[str, Any]:
     config = folder / f"serve-{clients}.toml"
     write_config(config, base_url, tokens, clients, cadence)
-    service = subprocess.Popen([sys.executable, "-m", "fanout.cli.main", "serve", "--config",
+    service = subprocess.Popen([sys.executable, "-m", "fanout", "serve", "--config",
                                 str(config), "--port", "0"], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     try:
