@@ -58,6 +58,8 @@ def test_an_installed_wheel_runs_the_readme_from_any_folder(tmp_path: Path) -> N
     where = subprocess.run([str(python), "-c", "import fanout; print(fanout.__file__)"],
                            cwd=work, env=environ, capture_output=True, text=True, check=True)
     assert where.stdout.startswith(site)  # the wheel's, not the checkout's
+    # A checkout's compiled core (gitignored) stays out of the platform-independent wheel.
+    assert run("--version").stdout.endswith("(core: pure Python)\n")
     compared = run("compare", "Paris", "-m", "echo", "-m", "writer")
     assert compared.returncode == 0, compared.stderr
     prompts = Path(site) / "fanout" / "data" / "prompts.jsonl"
