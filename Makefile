@@ -81,9 +81,12 @@ test: $(STAMP) browser haproxy docs $(CORE)
 	fi
 
 ## make demo: `fanout compare` with config/default.toml: one prompt, four models of the
-## embedded upstream streaming side by side.  No key, no network.
+## embedded upstream streaming side by side.  No key, no network.  It does not compile the
+## core (that needs the dev tools and ~40 s), but a core that `make test` compiled is
+## compiled again first when one of its sources changed.
 DEMO_PROMPT ?= Tell me about rivers, in a few sentences.
 demo: $(RUN)
+	@if [ -f $(CORE) ]; then $(MAKE) --no-print-directory $(CORE); fi
 	$(VENV)/bin/fanout compare "$(DEMO_PROMPT)" --config config/default.toml
 
 ## make bench: the benchmarks of bench/, each printing its table.

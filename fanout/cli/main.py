@@ -19,8 +19,8 @@ from typing import Any
 import trio
 
 from .. import __version__
-from ..core import COMPILED
 from ..batch.options import EXIT_TABLE
+from ..core import COMPILED
 from ..upstream.capture import PACKAGED_CAPTURES, Capture, find_captures
 from ..upstream.catalog import MODELS
 from ..upstream.fragment import MODES, Fragmenter
