@@ -336,7 +336,7 @@ class AnthropicInterpreter(DialectInterpreter):
             block.data = _str_or_none(content.get("data"))
         elif kind == "tool_use":
             name = _str_or_none(content.get("name"))
-            call = block.call = SplitCall(self._tools, name, stream, key)
+            call = block.call = SplitCall(self._tools, name, stream, key, self._fold)
             self._tools += 1
             self._calls.append(call)
             if block_id:

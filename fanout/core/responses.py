@@ -334,7 +334,8 @@ class ResponsesInterpreter(DialectInterpreter):
                 self._continue(state, call, item, arguments, data, out)
                 return state
             name = _str_or_none(item.get("name"))
-            call = state.call = SplitCall(self._tools, name, self._stream, self._content_key)
+            call = state.call = SplitCall(self._tools, name, self._stream, self._content_key,
+                                         self._fold)
             self._tools += 1
             self._calls.append(call)
             state.part = call.open()
