@@ -172,6 +172,7 @@ class ResponsesInterpreter(DialectInterpreter):
                       out: list[CoreEvent], fold: Accumulator | None = None) -> None:
         """``interpret_into`` for each event in order (the parser's hot path): a text
         delta to a known message item, nearly every event, is read without a call."""
+        self._fold = fold  # the calls' fragments go into it unbuilt
         if self._redacting:
             super().interpret_all(events, out, fold)
             return
