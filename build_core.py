@@ -45,7 +45,7 @@ def clean() -> None:
 
 def missing_compiler() -> str | None:
     """Why the core cannot be compiled here, or None when it can."""
-    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    compiler = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
     if shutil.which(compiler) is None:
         return f"no C compiler ({compiler} is not on PATH)"
     header = Path(sysconfig.get_paths()["include"]) / "Python.h"
