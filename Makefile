@@ -67,7 +67,7 @@ $(CORE): $(STAMP) build_core.py $(wildcard fanout/core/*.py)
 ## PYTHONPATH, so the subprocesses the tests start (python -m fanout, .venv/bin/fanout)
 ## import it too.
 test: $(STAMP) browser haproxy docs $(CORE)
-	$(PY) -m ruff check fanout tests bench examples build_core.py
+	$(PY) -m ruff check fanout tests bench examples build_core.py hatch_build.py
 	$(PY) -m mypy fanout
 	FANOUT_TEST_CORE=$$(cat $(CORE)) $(PY) -m pytest
 	@if [ "$$(cat $(CORE))" = compiled ]; then \

@@ -63,9 +63,13 @@ def build() -> None:
     extensions = mypycify([f"fanout/core/{name}.py" for name in modules()], opt_level="3",
                           debug_level="0", group_name=GROUP, target_dir=str(BUILD / "c"))
     setup(name="fanout-core", packages=[], py_modules=[], ext_modules=extensions,
-          script_args=["--quiet", "build_ext", "--inplace", "--build-lib", str(BUILD / "lib"),
+          script_args=["--quiet", "build_ext", "--build-lib", str(BUILD / "lib"),
                        "--build-temp", str(BUILD / "temp"),
                        "--parallel", str(os.cpu_count() or 1)])
+    # Moved into place, never written over: a process running the previous build keeps it.
+    for path in sorted((BUILD / "lib" / "fanout" / "core").iterdir()):
+        if path.suffix in (".so", ".pyd"):
+            os.replace(path, CORE / path.name)
 
 
 if __name__ == "__main__":
