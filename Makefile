@@ -6,8 +6,12 @@ PY      = $(VENV)/bin/python
 # (linters, test tools, the SDKs the tests compare against, Ray, the docs' builder).
 RUN     = $(VENV)/.installed-run
 STAMP   = $(VENV)/.installed-dev
+# The sans-I/O core compiled with mypyc (build_core.py): fanout/core/*.so, gitignored.
+# The stamp holds "compiled", or "pure" when this machine has no C compiler.
+CORE    = build/mypyc/core
+PURE    = build/pure
 
-.PHONY: test demo docs lint typecheck bench clean browser haproxy
+.PHONY: test demo docs lint typecheck bench clean browser haproxy core
 
 $(RUN): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,17 +48,45 @@ haproxy:
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -d site
 
-## make test: lint, type-check, build the docs and run the whole suite (the page's test in
-## chromium and the load balancer's in haproxy too).
-test: $(STAMP) browser haproxy docs
-	$(PY) -m ruff check fanout tests bench examples
+## make core: compile the sans-I/O core with mypyc (~40 s on 2 cores), again whenever one
+## of its sources changed.  Without a C compiler, one line says so and the core stays pure.
+core: $(CORE)
+$(CORE): $(STAMP) build_core.py $(wildcard fanout/core/*.py)
+	@mkdir -p $(dir $@)
+	@if why=$$($(PY) build_core.py --check-compiler 2>&1); then \
+	  echo "compiling the sans-I/O core with mypyc (python build_core.py)"; \
+	  $(PY) build_core.py && echo compiled > $@; \
+	else \
+	  echo "not compiling the core: $$why; the suite runs on the pure-Python core only"; \
+	  $(PY) build_core.py --clean && mkdir -p $(dir $@) && echo pure > $@; \
+	fi
+
+## make test: lint, type-check, build the docs, compile the core and run the whole suite on
+## it (the page's test in chromium and the load balancer's in haproxy too), then again on
+## the pure-Python core: a copy of the tree without the compiled modules, first on
+## PYTHONPATH, so the subprocesses the tests start (python -m fanout, .venv/bin/fanout)
+## import it too.
+test: $(STAMP) browser haproxy docs $(CORE)
+	$(PY) -m ruff check fanout tests bench examples build_core.py hatch_build.py
 	$(PY) -m mypy fanout
-	$(PY) -m pytest
+	FANOUT_TEST_CORE=$$(cat $(CORE)) $(PY) -m pytest
+	@if [ "$$(cat $(CORE))" = compiled ]; then \
+	  echo "the whole suite again, on the pure-Python core ($(PURE)/)"; \
+	  rm -rf $(PURE) && mkdir -p $(PURE) && \
+	  tar -cf - --exclude=./.git --exclude=./$(VENV) --exclude=./build --exclude=./site \
+	    --exclude='*.so' --exclude='*.pyd' --exclude=__pycache__ --exclude=./.hypothesis \
+	    --exclude=./.pytest_cache --exclude=./.mypy_cache --exclude=./.ruff_cache . \
+	    | tar -xf - -C $(PURE) && \
+	  cd $(PURE) && PYTHONPATH=$$PWD FANOUT_TEST_CORE=pure $(abspath $(PY)) -m pytest; \
+	fi
 
 ## make demo: `fanout compare` with config/default.toml: one prompt, four models of the
-## embedded upstream streaming side by side.  No key, no network.
+## embedded upstream streaming side by side.  No key, no network.  It does not compile the
+## core (that needs the dev tools and ~40 s), but a core that `make test` compiled is
+## compiled again first when one of its sources changed.
 DEMO_PROMPT ?= Tell me about rivers, in a few sentences.
 demo: $(RUN)
+	@if [ -f $(CORE) ]; then $(MAKE) --no-print-directory $(CORE); fi
 	$(VENV)/bin/fanout compare "$(DEMO_PROMPT)" --config config/default.toml
 
 ## make bench: the benchmarks of bench/, each printing its table.
@@ -69,4 +101,5 @@ bench: $(STAMP)
 	$(PY) bench/serve.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis site
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis site build
+	rm -f fanout/core/*.so fanout/core/*.pyd

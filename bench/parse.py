@@ -8,7 +8,11 @@ multi-line data, CRLF, comments, big events; Responses and Anthropic:
 ordinary, tool-heavy) and per read mode (16 KiB reads, one event per read),
 the cost per event of
 
-  fanout            parse_stream(reads, api=...)
+  fanout compiled   parse_stream(reads, api=...) on the core compiled with mypyc
+                    (make core, or python build_core.py; the row is left out
+                    when the checkout's core is not compiled)
+  fanout pure       the same on the pure-Python core (a copy of the package
+                    without the compiled modules, under --workdir)
   openai 2.54       its SSEDecoder().iter_bytes + json.loads per event, in a venv
                     under /tmp made with pip on first use (--openai2)
   openai 3.x        the same with the installed SDK (anthropic's for Anthropic)
@@ -75,6 +79,7 @@ if "--worker" not in sys.argv:  # a worker may run in another venv (openai 2.x, 
     import orjson
 
     import fanout
+    import fanout.core
     from fanout.core import _json
 
 READ_SIZE = 16 * 1024
@@ -505,6 +510,10 @@ def _workload(impl: str, cell: dict[str, Any]) -> Callable[[], object]:
     api = cell["api"]
     if impl == "fanout":
         import fanout as fanout_module
+        import fanout.core
+
+        expected = os.environ["FANOUT_BENCH_CORE"]  # the row measures the core it names
+        assert fanout.core.COMPILED is (expected == "compiled"), (expected, fanout.__file__)
 
         def run_fanout_cell() -> object:
             result = fanout_module.parse_stream(reads, api=api)
@@ -596,17 +605,35 @@ def _ensure_openai2(path: str) -> str | None:
     return str(python)
 
 
-def _run_worker(python: str, impl: str, cells: list[dict[str, Any]], args: argparse.Namespace
-                ) -> list[float]:
-    """Per cell: instructions per event (callgrind) or median seconds per event."""
+def _pure_copy(work: Path) -> str:
+    """A copy of the package without its compiled modules: put first on PYTHONPATH, it
+    runs the pure-Python core."""
+    import shutil
+
+    root = Path(__file__).resolve().parent.parent
+    pure = work / "pure"
+    shutil.rmtree(pure, ignore_errors=True)
+    shutil.copytree(root / "fanout", pure / "fanout",
+                    ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__"))
+    return str(pure)
+
+
+def _run_worker(python: str, impl: str, cells: list[dict[str, Any]], args: argparse.Namespace,
+                core: str = "") -> list[float]:
+    """Per cell: instructions per event (callgrind) or median seconds per event.  ``core``
+    (fanout's rows): "compiled" runs the checkout, "pure" a copy without the compiled
+    modules."""
     work = Path(args.workdir)
-    cells_file = work / f"cells-{impl}-{abs(hash(python))}.json"
+    tag = f"{impl}{core}-{abs(hash(python))}"
+    cells_file = work / f"cells-{tag}.json"
     cells_file.write_text(json.dumps(cells))
     command = [python, str(Path(__file__).resolve()), "--worker", impl, str(cells_file),
                args.measure, str(args.repeat)]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": _pure_copy(work) if core == "pure" else root,
+           "FANOUT_BENCH_CORE": core}
     if args.measure == "instructions":
-        out = work / f"cg-{impl}-{abs(hash(python))}"
+        out = work / f"cg-{tag}"
         for old in work.glob(out.name + "*"):
             old.unlink()
         subprocess.run(["valgrind", "--tool=callgrind", "--collect-atstart=no",
@@ -637,31 +664,38 @@ def matrix(args: argparse.Namespace) -> None:
           + ("(callgrind Ir, the measured loop only)" if scale == 1.0 else
              f"(median of {args.repeat})")
           + "; ratios: the row's cost / fanout's (>1: fanout is faster)")
+    cores = ["compiled", "pure"] if fanout.core.COMPILED else ["pure"]
+    if not fanout.core.COMPILED:
+        print("(the core is not compiled here: make core, or python build_core.py)")
     for api in dict.fromkeys(cell["api"] for cell in cells):
         api_cells = [cell for cell in cells if cell["api"] == api]
         rows: list[tuple[str, list[float]]] = []
-        rows.append(("fanout", _run_worker(sys.executable, "fanout", api_cells, args)))
-        print(f"  {api}: fanout done", file=sys.stderr)
+        for core in cores:
+            rows.append((f"fanout {core}",
+                         _run_worker(sys.executable, "fanout", api_cells, args, core)))
+            print(f"  {api}: fanout {core} done", file=sys.stderr)
         for name, python, impl in _sdk_rows(api, openai2):
             rows.append((name, _run_worker(python, impl, api_cells, args)))
             print(f"  {api}: {name} done", file=sys.stderr)
         rows.append(("floor: orjson.loads per payload",
                      _run_worker(sys.executable, "floor", api_cells, args)))
-        _print_matrix(api, unit, scale, api_cells, rows)
+        _print_matrix(api, unit, scale, api_cells, rows, len(cores))
 
 
 def _print_matrix(api: str, unit: str, scale: float, cells: list[dict[str, Any]],
-                  rows: list[tuple[str, list[float]]]) -> None:
+                  rows: list[tuple[str, list[float]]], fanouts: int) -> None:
     """One line per (shape, read mode): each row's cost, the SDKs' as a multiple of
-    fanout's (the goal: >= 2x), fanout's as a multiple of the floor's (<= 2x)."""
-    fanout_row, *sdk_rows, floor_row = rows
+    each fanout row's (the goal: >= 2x), fanout's as a multiple of the floor's (<= 2x).
+    The first ``fanouts`` rows are fanout's (compiled, pure)."""
+    fanout_rows, sdk_rows, floor_row = rows[:fanouts], rows[fanouts:-1], rows[-1]
+    short = [name.removeprefix("fanout ") for name, _ in fanout_rows]
     print()
     print(f"## {api}: {unit}")
     print()
-    head = ["shape", "reads", "events (bytes each)", "fanout"]
+    head = ["shape", "reads", "events (bytes each)", *(name for name, _ in fanout_rows)]
     for name, _ in sdk_rows:
-        head += [name, "÷ fanout"]
-    head += ["orjson floor", "fanout ÷ floor"]
+        head += [name, *(f"÷ {core}" for core in short)]
+    head += ["orjson floor", *(f"{core} ÷ floor" for core in short)]
     print("| " + " | ".join(head) + " |")
     print("|---|---|" + "---:|" * (len(head) - 2))
 
@@ -669,12 +703,14 @@ def _print_matrix(api: str, unit: str, scale: float, cells: list[dict[str, Any]]
         return f"{value * scale:,.0f}" if scale == 1.0 else f"{value * scale:.2f}"
 
     for at, cell in enumerate(cells):
-        mine = fanout_row[1][at]
+        mine = [values[at] for _, values in fanout_rows]
         line = [cell["shape"], "16 KiB" if cell["mode"] == "16k" else "1 event",
-                f"{cell['events']:,} ({cell['bytes'] // cell['events']:,})", number(mine)]
+                f"{cell['events']:,} ({cell['bytes'] // cell['events']:,})",
+                *(number(value) for value in mine)]
         for _, values in sdk_rows:
-            line += [number(values[at]), f"{values[at] / mine:.2f}x"]
-        line += [number(floor_row[1][at]), f"{mine / floor_row[1][at]:.2f}x"]
+            line += [number(values[at]), *(f"{values[at] / value:.2f}x" for value in mine)]
+        line += [number(floor_row[1][at]),
+                 *(f"{value / floor_row[1][at]:.2f}x" for value in mine)]
         print("| " + " | ".join(line) + " |")
     print()
 

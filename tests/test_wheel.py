@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -58,6 +60,8 @@ def test_an_installed_wheel_runs_the_readme_from_any_folder(tmp_path: Path) -> N
     where = subprocess.run([str(python), "-c", "import fanout; print(fanout.__file__)"],
                            cwd=work, env=environ, capture_output=True, text=True, check=True)
     assert where.stdout.startswith(site)  # the wheel's, not the checkout's
+    # A checkout's compiled core (gitignored) stays out of the platform-independent wheel.
+    assert run("--version").stdout.endswith("(core: pure Python)\n")
     compared = run("compare", "Paris", "-m", "echo", "-m", "writer")
     assert compared.returncode == 0, compared.stderr
     prompts = Path(site) / "fanout" / "data" / "prompts.jsonl"
@@ -68,3 +72,42 @@ def test_an_installed_wheel_runs_the_readme_from_any_folder(tmp_path: Path) -> N
     scores = [json.loads(line) for line in (work / "run.scores.jsonl").read_text().splitlines()]
     assert len(records) == 12 and len(scores) == 24
     assert {s["scorer"] for s in scores} == {"has-answer", "judged"}
+
+
+def test_a_wheel_built_with_the_hook_runs_the_compiled_core(tmp_path: Path) -> None:
+    """HATCH_BUILD_HOOK_ENABLE_CUSTOM=1 (hatch_build.py): a platform wheel holding the core
+    compiled with mypyc, built from a copy of the tree (the checkout's own compiled modules
+    are never rewritten under a running test)."""
+    pytest.importorskip("hatchling", reason="the dev extra builds the wheel offline")
+    pytest.importorskip("mypyc", reason="the dev extra's mypy compiles the core")
+    sys.path.insert(0, str(ROOT))
+    try:
+        import build_core
+    finally:
+        sys.path.remove(str(ROOT))
+    why = build_core.missing_compiler()
+    if why:
+        pytest.skip(f"the core cannot be compiled here: {why}")
+    source = tmp_path / "source"
+    source.mkdir()
+    shutil.copy2(ROOT / "pyproject.toml", source)
+    for name in ("_fanout_entry.py", "build_core.py", "hatch_build.py", "README.md"):
+        shutil.copy2(ROOT / name, source)
+    shutil.copytree(ROOT / "fanout", source / "fanout",
+                    ignore=shutil.ignore_patterns("*.so", "*.pyd", "__pycache__"))
+    wheels = tmp_path / "wheels"
+    environ = {**os.environ, "HATCH_BUILD_HOOK_ENABLE_CUSTOM": "1"}
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps",
+                    "--no-build-isolation", "-q", "-w", str(wheels)], check=True,
+                   capture_output=True, timeout=600, env=environ)
+    (wheel,) = wheels.glob("fanout-*.whl")
+    assert "-py3-none-any" not in wheel.name  # a platform wheel
+    target = tmp_path / "installed"
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(target)
+    environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    environ["PYTHONPATH"] = str(target)
+    done = subprocess.run([sys.executable, "-c", "import fanout.core, fanout.cli.main as m; "
+                           "print(fanout.core.__file__, fanout.core.COMPILED)"],
+                          cwd=tmp_path, env=environ, capture_output=True, text=True, check=True)
+    assert done.stdout == f"{target / 'fanout' / 'core' / '__init__.py'} True\n", done.stdout

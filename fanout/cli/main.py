@@ -20,6 +20,7 @@ import trio
 
 from .. import __version__
 from ..batch.options import EXIT_TABLE
+from ..core import COMPILED
 from ..upstream.capture import PACKAGED_CAPTURES, Capture, find_captures
 from ..upstream.catalog import MODELS
 from ..upstream.fragment import MODES, Fragmenter
@@ -42,7 +43,9 @@ class _TableEpilog(argparse.HelpFormatter):
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fanout", description=(
         "Stream chat completions from many models at once, through one endpoint and one key."))
-    parser.add_argument("--version", action="version", version=f"fanout {__version__}")
+    core = "compiled with mypyc" if COMPILED else "pure Python"
+    parser.add_argument("--version", action="version",
+                        version=f"fanout {__version__} (core: {core})")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     compare = commands.add_parser(
         "compare", help="one prompt, several models, side by side as they stream",

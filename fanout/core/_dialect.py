@@ -69,6 +69,7 @@ class DialectInterpreter:
     api: ClassVar[str] = ""
     __slots__ = (
         "_content_key",
+        "_fold",
         "_handlers",
         "_max_blocks",
         "_max_tool_calls",
@@ -98,6 +99,9 @@ class DialectInterpreter:
         self._max_tool_calls = max_tool_calls
         self._max_blocks = max_blocks
         self._meta: tuple[Any, Any] = (None, None)
+        #: The accumulator ``interpret_all`` was given: the calls' argument fragments go
+        #: into it unbuilt (no one reads the events).
+        self._fold: Accumulator | None = None
         self._handlers: dict[str, Handler] = self._table()
 
     def _table(self) -> dict[str, Handler]:  # pragma: no cover - every dialect overrides it
@@ -196,8 +200,10 @@ class DialectInterpreter:
         a known type, undecoded, nothing for the redactor in it: see
         ``ChatChunkInterpreter.interpret_all``) is read here without a call per
         event; every other event goes through ``interpret_into``.  ``fold`` is
-        the accumulator when no one reads the events (the dialects build them).
+        the accumulator when no one reads the events: the tool calls' argument
+        fragments go straight into it, unbuilt (the other events are built).
         """
+        self._fold = fold
         handlers = self._handlers
         loads = _json.for_bytes(_json.loads)
         secrets = self._redactor.encoded
@@ -291,9 +297,11 @@ class SplitCall:
     the call like any other part.
     """
 
-    __slots__ = ("_key", "_parts", "_stream", "arguments", "closed", "name", "tool_index")
+    __slots__ = ("_fold", "_key", "_parts", "_stream", "arguments", "closed", "name",
+                 "tool_index")
 
-    def __init__(self, tool_index: int, name: Any, stream: str, content_key: str) -> None:
+    def __init__(self, tool_index: int, name: Any, stream: str, content_key: str,
+                 fold: Accumulator | None = None) -> None:
         self.tool_index = tool_index
         #: The first name the call was given (a later part's other name is not used).
         self.name = name
@@ -304,6 +312,7 @@ class SplitCall:
         self._parts: list[CallPart] = []  # the parts not yet settled, in order; [0] is live
         self._stream = stream
         self._key = content_key
+        self._fold = fold  # the accumulator fragments go into unbuilt, when no one reads them
 
     def open(self) -> CallPart:
         """A new part of this call (the first, or a continuation)."""
@@ -364,8 +373,15 @@ class SplitCall:
     def give(self, fragment: str, out: list[CoreEvent]) -> None:
         """Give ``fragment`` now, after every fragment given before."""
         self.arguments.append(fragment)
-        out.append(ToolCallDelta(0, self.tool_index, None, None, None, fragment, self._stream,
-                                 self._key))
+        fold = self._fold
+        if fold is None:
+            out.append(ToolCallDelta(0, self.tool_index, None, None, None, fragment,
+                                     self._stream, self._key))
+        else:  # the same fold as that event's, after every event before it
+            if out:
+                fold.extend(out)
+                out.clear()
+            fold.arguments(0, self.tool_index, fragment)
 
 
 def _is_json(text: str) -> bool:

@@ -174,7 +174,7 @@ class Accumulator:
         self.skipped_frames = 0
         self.skip_reasons: list[str] = []
 
-    def add(self, event: CoreEvent) -> None:
+    def add(self, event: CoreEvent | object) -> None:
         """Fold one event in.  Events of types the core does not define are ignored."""
         handler = _HANDLERS.get(type(event))
         if handler is not None:
@@ -182,7 +182,7 @@ class Accumulator:
             if type(event) is TextDelta:
                 self.content_events += 1
 
-    def extend(self, events: Iterable[CoreEvent]) -> None:
+    def extend(self, events: Iterable[CoreEvent | object]) -> None:
         """Fold several events in, in order."""
         handlers = _HANDLERS
         choices = self._choices

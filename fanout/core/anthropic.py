@@ -162,6 +162,7 @@ class AnthropicInterpreter(DialectInterpreter):
                       out: list[CoreEvent], fold: Accumulator | None = None) -> None:
         """``interpret_into`` for each event in order (the parser's hot path): a text
         delta to an open text block, nearly every event, is read without a call."""
+        self._fold = fold  # the calls' fragments go into it unbuilt
         if self._redacting:
             super().interpret_all(events, out, fold)
             return
@@ -327,7 +328,7 @@ class AnthropicInterpreter(DialectInterpreter):
             block.data = _str_or_none(content.get("data"))
         elif kind == "tool_use":
             name = _str_or_none(content.get("name"))
-            call = block.call = SplitCall(self._tools, name, stream, key)
+            call = block.call = SplitCall(self._tools, name, stream, key, self._fold)
             self._tools += 1
             self._calls.append(call)
             if block_id:

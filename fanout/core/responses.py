@@ -153,6 +153,7 @@ class ResponsesInterpreter(DialectInterpreter):
                       out: list[CoreEvent], fold: Accumulator | None = None) -> None:
         """``interpret_into`` for each event in order (the parser's hot path): a text
         delta to a known message item, nearly every event, is read without a call."""
+        self._fold = fold  # the calls' fragments go into it unbuilt
         if self._redacting:
             super().interpret_all(events, out, fold)
             return
@@ -315,7 +316,8 @@ class ResponsesInterpreter(DialectInterpreter):
                 self._continue(state, call, item, arguments, data, out)
                 return state
             name = _str_or_none(item.get("name"))
-            call = state.call = SplitCall(self._tools, name, self._stream, self._content_key)
+            call = state.call = SplitCall(self._tools, name, self._stream, self._content_key,
+                                         self._fold)
             self._tools += 1
             self._calls.append(call)
             state.part = call.open()

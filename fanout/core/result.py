@@ -87,14 +87,15 @@ class Usage:
     @classmethod
     def from_dict(cls, usage: Mapping[str, Any]) -> Usage:
         """Build from an upstream ``usage`` object, keeping only integer counts."""
-
-        def count(name: str) -> int | None:
-            value = usage.get(name)
-            return value if type(value) is int else None
-
         return cls(
-            count("prompt_tokens"), count("completion_tokens"), count("total_tokens"), usage
+            _count(usage, "prompt_tokens"), _count(usage, "completion_tokens"),
+            _count(usage, "total_tokens"), usage,
         )
+
+
+def _count(usage: Mapping[str, Any], name: str) -> int | None:
+    value = usage.get(name)
+    return value if type(value) is int else None
 
 
 @attrs.frozen(slots=True)

@@ -226,7 +226,7 @@ class SSEDecoder:
             # Any other block: the text path, whole (the standard's rules, the size limit).
             self._slow(block + b"\n\n", items)
             if not self._clean:  # an id: events carry it from now on
-                tail = b"".join(b + b"\n\n" for b in blocks[at + 1 :]) + rest
+                tail = b"".join([b + b"\n\n" for b in blocks[at + 1 :]]) + rest
                 if tail:
                     self._slow(tail, items)
                 return

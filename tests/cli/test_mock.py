@@ -81,11 +81,12 @@ def test_mock_list_wraps_at_word_boundaries(columns: int) -> None:
 
 
 def test_fanout_version() -> None:
-    import fanout
+    import fanout.core
 
     out = subprocess.run([sys.executable, "-m", "fanout.cli.main", "--version"],
                          capture_output=True, text=True, timeout=30)
-    assert (out.returncode, out.stdout) == (0, f"fanout {fanout.__version__}\n")
+    core = "compiled with mypyc" if fanout.core.COMPILED else "pure Python"
+    assert (out.returncode, out.stdout) == (0, f"fanout {fanout.__version__} (core: {core})\n")
 
 
 def test_compare_help_says_embedded_model_ids_work() -> None:

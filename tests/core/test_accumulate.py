@@ -242,8 +242,10 @@ def test_skip_reasons_are_counted_and_capped() -> None:
 
 def test_unknown_event_types_are_ignored() -> None:
     acc = Accumulator()
-    acc.add(object())  # type: ignore[arg-type]
+    acc.add(object())
     assert acc.result().choices == ()
+    acc.extend([object(), TextDelta(0, "a"), "not an event", TextDelta(0, "b")])
+    assert acc.result().choices[0].text == "ab"
 
 
 def test_tool_call_deltas_fold_without_a_parser() -> None:
