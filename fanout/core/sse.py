@@ -53,6 +53,7 @@ class SSEDecoder:
         "_pending",
         "_pending_size",
         "_raw",
+        "_raw_lines",
         "_raw_size",
         "_retry_in_block",
         "bytes_fed",
@@ -84,8 +85,11 @@ class SSEDecoder:
         self._closed = False
         #: Between events, nothing held: the next read may take the byte path.
         self._clean = False  # set once the BOM question is settled
-        self._raw: list[bytes] = []  # the byte path's unfinished event (no CR in it)
+        #: The byte path's unfinished event (no CR, no blank line in it), in the pieces
+        #: it came in (views of the reads: not copied until the event is whole).
+        self._raw: list[bytes | memoryview] = []
         self._raw_size = 0
+        self._raw_lines = False  # an LF among the held bytes
         self.comments = 0
         self.bytes_fed = 0
         self.last_event_id = ""
@@ -163,16 +167,10 @@ class SSEDecoder:
                 self._slow(data, items)
                 return
         if self._clean:
-            raw = self._raw
-            if raw:
-                if 10 not in data:  # (a memchr: a two-byte search costs a loop per byte)
-                    self._hold(data, items)
-                    return
-                raw.append(data)
-                data = b"".join(raw)
-                raw.clear()
-                self._raw_size = 0
-            self._fast(data, items)
+            if self._raw:
+                self._resume(data, items)
+            else:
+                self._fast(data, 0, items)
             return
         # Something is held: the text path to the first blank line, then the byte path.
         end = data.find(b"\n\n") + 2
@@ -181,65 +179,134 @@ class SSEDecoder:
             return
         self._slow(data[:end], items)
         if end < len(data):
-            self._rest(data[end:], items)
+            self._rest(data, end, items)
 
-    def _rest(self, data: bytes,
+    def _rest(self, data: bytes, at: int,
               items: list[ServerSentEvent | str | bytes | tuple[Any, str]]) -> None:
-        if self._clean:  # the text path ended at a blank line with nothing held
-            self._fast(data, items)
+        """``data[at:]`` after a blank line: the byte path when nothing is held."""
+        if self._clean:
+            self._fast(data, at, items)
         else:
-            self._slow(data, items)
+            self._slow(data[at:], items)
 
-    def _fast(self, data: bytes,
+    def _fast(self, data: bytes, at: int,
               items: list[ServerSentEvent | str | bytes | tuple[Any, str]]) -> None:
-        """The byte path: ``data`` starts at an event, no CR in it, nothing held.
+        """The byte path: ``data[at:]`` starts at an event, no CR in it, nothing held.
 
         Whole events of one ``data: `` line (or several), ``event: NAME`` then
         one ``data: `` line (for ``_pairs``) and comment lines are read without
-        decoding; any other block goes through the text path, whole.
+        decoding; any other block goes through the text path, whole.  Blank lines
+        are found by their first LF (a ``memchr``: a two-byte ``find`` or ``split``
+        walks the bytes one by one), so a long line costs next to nothing to cross.
         """
-        blocks = data.split(b"\n\n")
-        rest = blocks.pop()
+        size = len(data)
         limit = self.max_event_size
         pairs = self._pairs
         append = items.append
-        for at, block in enumerate(blocks):
-            if len(block) <= limit:  # bytes: at least as many as characters
-                if block[:6] == b"data: ":
-                    if 10 not in block:
-                        append(block[6:])
+        while at < size:
+            end = data.find(10, at)
+            single = True  # one line: no LF before the blank line
+            while end >= 0 and end + 1 < size and data[end + 1] != 10:
+                end = data.find(10, end + 2)
+                single = False
+            if end < 0 or end + 1 == size:  # no blank line: the start of an event, held
+                self._hold(data if at == 0 else memoryview(data)[at:], size - at,
+                           end >= 0 or not single, items)
+                return
+            if end - at <= limit:  # bytes: at least as many as characters
+                head = data[at : at + 7]
+                if head[:6] == b"data: ":
+                    if single:
+                        append(data[at + 6 : end])
+                        at = end + 2
                         continue
+                    block = data[at:end]
                     if block.count(b"\n") == block.count(b"\ndata: "):
                         append(block[6:].replace(b"\ndata: ", b"\n"))
+                        at = end + 2
                         continue
-                elif block[:7] == b"event: ":
-                    head, sep, value = block.partition(b"\ndata: ")
-                    if pairs and sep and 10 not in value and 10 not in head:
-                        name = _NAMES.get(head)
-                        append((value, name if name is not None else _name(head)))
-                        continue
-                elif block[:1] == b":" and 10 not in block:
-                    self.comments += 1
+                elif head == b"event: ":
+                    if pairs and not single:
+                        block = data[at:end]
+                        name, sep, value = block.partition(b"\ndata: ")
+                        if sep and 10 not in value and 10 not in name:
+                            known = _NAMES.get(name)
+                            append((value, known if known is not None else _name(name)))
+                            at = end + 2
+                            continue
+                elif end == at:  # two blank lines: the second dispatches nothing
+                    at = end + 2
                     continue
-                elif not block:
+                elif single and head[:1] == b":":
+                    self.comments += 1
+                    at = end + 2
                     continue
             # Any other block: the text path, whole (the standard's rules, the size limit).
-            self._slow(block + b"\n\n", items)
+            self._slow(data[at : end + 2], items)
+            at = end + 2
             if not self._clean:  # an id: events carry it from now on
-                tail = b"".join([b + b"\n\n" for b in blocks[at + 1 :]]) + rest
-                if tail:
-                    self._slow(tail, items)
+                if at < size:
+                    self._slow(data[at:], items)
                 return
-        if rest:
-            self._hold(rest, items)
 
-    def _hold(self, data: bytes,
+    def _resume(self, data: bytes,
+                items: list[ServerSentEvent | str | bytes | tuple[Any, str]]) -> None:
+        """The byte path with the start of an event held (``_raw``, no blank line in
+        it): its end is searched for in ``data`` alone, and the held pieces are
+        joined once, when it comes.  Nothing held is scanned or copied twice."""
+        raw = self._raw
+        size = len(data)
+        last = raw[-1]
+        if data[0] == 10 and last[len(last) - 1] == 10:  # the blank line straddles the reads
+            raw.append(data)
+            joined = b"".join(raw)
+            self._clear_raw()
+            self._fast(joined, 0, items)
+            return
+        end = data.find(10)
+        single = True  # no LF in data before the blank line
+        while end >= 0 and end + 1 < size and data[end + 1] != 10:
+            end = data.find(10, end + 2)
+            single = False
+        if end < 0 or end + 1 == size:  # still no blank line: held too
+            self._hold(data, size, end >= 0 or not single, items)
+            return
+        view = memoryview(data)
+        first = raw[0]
+        if single and not self._raw_lines and self._raw_size + end <= self.max_event_size \
+                and len(first) >= 6 and first[:6] == b"data: ":
+            # One `data: ` line (a big event): its payload, copied once.
+            raw[0] = memoryview(first)[6:]
+            raw.append(view[:end])
+            items.append(b"".join(raw))
+            self._clear_raw()
+        else:
+            raw.append(view[: end + 2])
+            joined = b"".join(raw)
+            self._clear_raw()
+            self._fast(joined, 0, items)
+            if not self._clean:
+                if end + 2 < size:
+                    self._slow(data[end + 2 :], items)
+                return
+        if end + 2 < size:
+            self._fast(data, end + 2, items)
+
+    def _hold(self, data: bytes | memoryview, size: int, lines: bool,
               items: list[ServerSentEvent | str | bytes | tuple[Any, str]]) -> None:
-        """Keep the start of an event as bytes (the byte path's pending text)."""
+        """Keep the start of an event as bytes (the byte path's pending text):
+        ``size`` bytes, ``lines`` when an LF is among them."""
         self._raw.append(data)
-        self._raw_size += len(data)
+        self._raw_size += size
+        if lines:
+            self._raw_lines = True
         if self._raw_size > self.max_event_size:  # maybe past the limit: the text path counts
             self._slow(b"", items)
+
+    def _clear_raw(self) -> None:
+        self._raw.clear()
+        self._raw_size = 0
+        self._raw_lines = False
 
     def _slow(self, data: bytes,
               items: list[ServerSentEvent | str | bytes | tuple[Any, str]]) -> None:
@@ -247,8 +314,7 @@ class SSEDecoder:
         if self._raw:
             self._raw.append(data)
             data = b"".join(self._raw)
-            self._raw.clear()
-            self._raw_size = 0
+            self._clear_raw()
         items += self._feed_text(self._decoder.decode(data))
         self._clean = (not self._pending and not self._field_seen and not self._after_cr
                        and self._bom_done and not self.last_event_id
@@ -267,7 +333,7 @@ class SSEDecoder:
         if self._closed:
             return []
         raw = b"".join(self._raw)
-        self._raw.clear()
+        self._clear_raw()
         events = _events(self._feed_text(self._decoder.decode(raw, True)))
         self._closed = True
         pending = "".join(self._pending)
