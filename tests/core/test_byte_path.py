@@ -282,10 +282,7 @@ def long_line_bodies(draw: st.DrawFn) -> bytes:
     return body.encode()
 
 
-@SETTINGS
-@given(body=long_line_bodies(), data=st.data())
-def test_long_lines_decode_as_the_standard_says(body: bytes, data: st.DataObject) -> None:
-    offsets = data.draw(st.lists(st.integers(0, len(body)), max_size=12))
+def as_the_standard_says(body: bytes, offsets: list[int]) -> None:
     events, comments, unterminated = standard(body)
     for chunks in (split_at(body, offsets), one_event_per_read(body), [body]):
         for pairs in (False, True):
@@ -295,17 +292,20 @@ def test_long_lines_decode_as_the_standard_says(body: bytes, data: st.DataObject
                 decoder._feed_items(chunk))]
             got += decoder.close()
             assert (got, decoder.comments, decoder.unterminated) \
-                == (events, comments, unterminated)
+                == (events, comments, unterminated), chunks
 
 
-def test_the_mixed_bodies_decode_as_the_standard_says() -> None:
-    # The standard above agrees with the decoder's text path on the spec cases' bodies.
-    body = (b"\xef\xbb\xbfdata: a\r\n\r\ndata: b\r\rdata: c\n\nevent: e\ndata: 1\ndata: 2\n\n"
-            b": c\nid: 9\nretry: 10\ndata\n\nretry: x\nother: 1\n\ndata: tail")
-    events, comments, unterminated = standard(body)
-    with TextPath():
-        decoded = decode([body])
-    assert (events, comments, unterminated) == (decoded[0], decoded[1][0], decoded[1][3])
+@SETTINGS
+@given(body=long_line_bodies(), data=st.data())
+def test_long_lines_decode_as_the_standard_says(body: bytes, data: st.DataObject) -> None:
+    as_the_standard_says(body, data.draw(st.lists(st.integers(0, len(body)), max_size=12)))
+
+
+@SETTINGS
+@given(body=mixed_bodies(), data=st.data())
+def test_every_block_kind_decodes_as_the_standard_says(body: bytes, data: st.DataObject
+                                                       ) -> None:
+    as_the_standard_says(body, data.draw(st.lists(st.integers(0, len(body)), max_size=8)))
 
 
 @pytest.mark.parametrize("lines", [1, 200])
