@@ -272,7 +272,7 @@ class SSEDecoder:
         for number in range(skip, len(blocks)):
             block = blocks[number]
             if len(block) <= limit:  # bytes: at least as many as characters
-                if block[:6] == b"data: ":
+                if block.startswith(b"data: "):
                     if 10 not in block:
                         append(block[6:])
                         continue
@@ -280,13 +280,13 @@ class SSEDecoder:
                     if joined is not None:
                         append(joined)
                         continue
-                elif block[:7] == b"event: ":
+                elif block.startswith(b"event: "):
                     head, sep, value = block.partition(b"\ndata: ")
                     if pairs and sep and 10 not in value and 10 not in head:
                         name = _NAMES.get(head)
                         append((value, name if name is not None else _name(head)))
                         continue
-                elif block[:1] == b":" and 10 not in block:
+                elif block.startswith(b":") and 10 not in block:
                     self.comments += 1
                     continue
                 elif not block:
