@@ -140,7 +140,7 @@ class SSEDecoder:
                     value = data[6:end]
                     if 10 not in value and not (crlf and 13 in value):
                         return [value]
-                    joined = _data_lines(value, crlf)
+                    joined = _data_lines(value, 0, crlf)
                     if joined is not None:
                         return [joined]
                 elif self._pairs and data.startswith(b"event: "):
@@ -211,6 +211,9 @@ class SSEDecoder:
         size = len(data)
         pairs = self._pairs
         while at < size:
+            if size - at < _LONG_LINE:  # no long line here: no need to look
+                self._split(data, at, skip, items)
+                return
             first = data.find(10, at)
             if first < 0:  # no line end: the start of an event, held
                 self._hold(data if at == 0 else memoryview(data)[at:], size - at, False,
@@ -276,7 +279,7 @@ class SSEDecoder:
                     if 10 not in block:
                         append(block[6:])
                         continue
-                    joined = _data_lines(block[6:], False)
+                    joined = _data_lines(block, 6, False)
                     if joined is not None:
                         append(joined)
                         continue
@@ -527,14 +530,16 @@ class SSEDecoder:
             # Any other field name is ignored, as the spec says.
 
 
-def _data_lines(value: bytes, crlf: bool) -> bytes | None:
-    """The data of a block of ``data: `` lines, ``value`` from after the first one's
-    ``data: `` to the blank line: the lines' values joined with LF, or ``None`` when
-    a line is anything else (the text path reads it then)."""
-    lines = value.split(b"\r\ndata: " if crlf else b"\ndata: ")
+def _data_lines(block: bytes, start: int, crlf: bool) -> bytes | None:
+    """The data of a block of ``data: `` lines, ``block[start:]`` from after the first
+    one's ``data: `` to the blank line: the lines' values joined with LF, or ``None``
+    when a line is anything else (the text path reads it then)."""
+    lines = block.split(b"\r\ndata: " if crlf else b"\ndata: ")
     for line in lines:
         if 10 in line or (crlf and 13 in line):
             return None
+    if start:
+        lines[0] = lines[0][start:]
     return b"\n".join(lines)
 
 
