@@ -53,6 +53,8 @@ from .result import (
     Timings,
     ToolCall,
     Usage,
+    has_output,
+    is_blank,
 )
 
 __all__ = ["Accumulator"]
@@ -372,8 +374,7 @@ class Accumulator:
     def flags(self, choices: Sequence[ChoiceResult], skipped_frames: int) -> tuple[Flag, ...]:
         """The ``Flag`` codes of a completed result built from ``choices``."""
         flags = []
-        if not any(c.text.strip() or c.reasoning.strip() or c.refusal.strip() or c.tool_calls
-                   for c in choices):
+        if not has_output(choices):
             flags.append(Flag.EMPTY_ANSWER)
         finished = [c.finish_reason is not None for c in choices]
         if not any(finished):
@@ -470,7 +471,7 @@ class Accumulator:
         parsed: Any = None
         parse_error: str | None = None
         schema_errors: tuple[str, ...] | None = None
-        if not arguments.strip():
+        if is_blank(arguments):
             parse_error = "no arguments were sent"
         else:
             try:

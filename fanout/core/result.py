@@ -8,7 +8,7 @@ is ``None`` when it did not arrive, so "absent" and "empty" stay distinct.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -161,6 +161,18 @@ class ChoiceResult:
     thinking: tuple[ThinkingBlock, ...] = ()
 
 
+def has_output(choices: Iterable[ChoiceResult]) -> bool:
+    """Any of ``choices`` has non-blank text, reasoning, refusal, or a tool call."""
+    return any(not is_blank(c.text) or not is_blank(c.reasoning) or not is_blank(c.refusal)
+               or c.tool_calls for c in choices)
+
+
+def is_blank(text: str) -> bool:
+    """``text`` is empty or only whitespace: what ``text.strip()`` empties, without
+    copying it (a strip copies the whole text when it begins or ends with a space)."""
+    return not text or text.isspace()
+
+
 @attrs.frozen(slots=True)
 class Attempt:
     """One HTTP attempt of a stream.  ``waited`` is the backoff slept before it."""
@@ -297,8 +309,7 @@ class StreamResult:
     @property
     def has_output(self) -> bool:
         """Any choice has non-blank text, reasoning, refusal, or a tool call."""
-        return any(c.text.strip() or c.reasoning.strip() or c.refusal.strip() or c.tool_calls
-                   for c in self.choices)
+        return has_output(self.choices)
 
     def choice(self, index: int) -> ChoiceResult | None:
         """The choice with this ``index``, or ``None`` if it never appeared."""

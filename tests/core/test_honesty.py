@@ -27,6 +27,7 @@ from fanout import (
 from fanout.core import _json
 from fanout.core.chat import MAX_CHOICES, MAX_TOOL_CALLS
 from fanout.core.redact import Redactor
+from fanout.core.result import is_blank
 from tests.helpers import chunk, delta, every_split, sse_body
 
 KEY = "sk-live-0123456789abcdef"
@@ -69,7 +70,7 @@ def test_one_finished_choice_is_enough_and_the_other_is_flagged() -> None:
     assert [c.finish_reason for c in result.choices] == ["stop", None]
 
 
-@pytest.mark.parametrize("text", ["", "  \n", None])
+@pytest.mark.parametrize("text", ["", "  \n", "\u3000\x1c\u2028\x85", None])
 def test_a_completed_empty_answer_is_flagged(text: str | None) -> None:
     frames: list[Any] = [chunk(delta(role="assistant"))]
     if text is not None:
@@ -78,6 +79,13 @@ def test_a_completed_empty_answer_is_flagged(text: str | None) -> None:
     result = parse_stream([sse_body(*frames)])
     assert (result.outcome, result.flags) == (Outcome.COMPLETED, (Flag.EMPTY_ANSWER,))
     assert not result.has_output
+
+
+@settings(max_examples=300)
+@given(text=st.text(st.sampled_from(" \t\n\r\x0b\x0c\x1c\x1f\x85\xa0\u2028\u3000\u200bxé")))
+def test_blank_is_what_strip_empties(text: str) -> None:
+    # (tested without a copy of the text: a strip copies a long answer whole)
+    assert is_blank(text) is (not text.strip())
 
 
 @pytest.mark.parametrize("field", ["reasoning_content", "refusal"])

@@ -17,6 +17,7 @@ CASES: list[tuple[str, bytes, list[ServerSentEvent]]] = [
     ("one data line", b"data: hello\n\n", [E("hello")]),
     ("LF, CRLF and CR line ends", b"data: a\r\n\r\ndata: b\r\rdata: c\n\n", [E("a"), E("b"), E("c")]),
     ("mixed ends inside one event", b"data: a\rdata: b\r\ndata: c\n\r\n", [E("a\nb\nc")]),
+    ("CR then CRLF is two line ends", b"data: a\r\r\ndata: b\n\n", [E("a"), E("b")]),
     ("several data lines join with LF", b"data: a\ndata: b\ndata:\n\n", [E("a\nb\n")]),
     ("only one leading space is removed", b"data:  two spaces\n\n", [E(" two spaces")]),
     ("no space after the colon", b"data:tight\n\n", [E("tight")]),
