@@ -355,10 +355,26 @@ def test_sigkill_mid_run_then_resume(tmp_path: Path, config: str) -> None:
     assert output.read_bytes().startswith(whole)  # earlier lines untouched
 
 
+def _wait_for_model(output: Path, model: str, process: subprocess.Popen[str]) -> None:
+    """Until a record of ``model`` was written (whole lines only)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and process.poll() is None:
+        if output.exists():
+            whole = output.read_bytes()
+            whole = whole[:whole.rfind(b"\n") + 1]
+            if any(json.loads(line)["model"] == model for line in whole.splitlines()):
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"{output} never had a record of {model}")
+
+
 def test_ctrl_c_records_the_streams_in_flight_as_cancelled(tmp_path: Path, config: str) -> None:
     process, output = _start(tmp_path, config, 40)
     try:
+        # Once a slow stream has finished, the slow ones in flight beside it have text
+        # (after only six fast records, they may not have had their first token yet).
         _wait_for_lines(output, 6, process)
+        _wait_for_model(output, "slow", process)
         process.send_signal(signal.SIGINT)
         out, err = process.communicate(timeout=30)
     finally:
