@@ -222,13 +222,8 @@ class SSEDecoder:
             if first - at < _LONG_LINE:
                 self._split(data, at, skip, items)
                 return
-            end = first  # a long line: the first LF followed by an LF ends its block
-            lines = 1
-            while end + 1 < size and data[end + 1] != 10:
-                end = data.find(10, end + 2)
-                if end < 0:
-                    break
-                lines += 1
+            end, passed = _block_end(data, first)  # a long line: to its blank line
+            lines = 1 + passed
             if end < 0 or end + 1 == size:  # no blank line yet: held
                 self._hold(data if at == 0 else memoryview(data)[at:], size - at, True,
                            items)
@@ -318,11 +313,8 @@ class SSEDecoder:
             self._clear_raw()
             self._fast(joined, 0, 0, items)
             return
-        end = data.find(10)
-        single = True  # no LF in data before the blank line
-        while end >= 0 and end + 1 < size and data[end + 1] != 10:
-            end = data.find(10, end + 2)
-            single = False
+        end, passed = _block_end(data, data.find(10))
+        single = not passed  # no LF in data before the blank line
         if end < 0 or end + 1 == size:  # still no blank line: held too
             self._hold(data, size, end >= 0 or not single, items)
             return
@@ -528,6 +520,18 @@ class SSEDecoder:
             elif name == "retry" and value.isascii() and value.isdigit():
                 self.retry = self._retry_in_block = int(value)
             # Any other field name is ignored, as the spec says.
+
+
+def _block_end(data: bytes, end: int) -> tuple[int, int]:
+    """From ``end``, an LF of ``data`` (or -1), to the first LF followed by another: its
+    position (-1, or the last byte, when the blank line has not come yet) and how many
+    LFs were passed on the way.  Each step is a ``memchr``."""
+    size = len(data)
+    passed = 0
+    while end >= 0 and end + 1 < size and data[end + 1] != 10:
+        end = data.find(10, end + 2)
+        passed += 1
+    return end, passed
 
 
 def _data_lines(block: bytes, start: int, crlf: bool) -> bytes | None:

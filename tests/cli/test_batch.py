@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -321,13 +322,21 @@ def _start(tmp_path: Path, config: str, count: int) -> tuple[subprocess.Popen[st
     return process, output
 
 
-def _wait_for_lines(output: Path, count: int, process: subprocess.Popen[str]) -> None:
+def _wait_for(output: Path, process: subprocess.Popen[str], what: str,
+              done: Callable[[list[bytes]], bool]) -> None:
+    """Until ``done`` holds for the whole lines written to ``output``."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and process.poll() is None:
-        if output.exists() and output.read_bytes().count(b"\n") >= count:
-            return
+        if output.exists():
+            whole = output.read_bytes()
+            if done(whole[:whole.rfind(b"\n") + 1].splitlines()):
+                return
         time.sleep(0.05)
-    raise AssertionError(f"{output} never reached {count} lines")
+    raise AssertionError(f"{output} never {what}")
+
+
+def _wait_for_lines(output: Path, count: int, process: subprocess.Popen[str]) -> None:
+    _wait_for(output, process, f"reached {count} lines", lambda lines: len(lines) >= count)
 
 
 def test_sigkill_mid_run_then_resume(tmp_path: Path, config: str) -> None:
@@ -356,16 +365,8 @@ def test_sigkill_mid_run_then_resume(tmp_path: Path, config: str) -> None:
 
 
 def _wait_for_model(output: Path, model: str, process: subprocess.Popen[str]) -> None:
-    """Until a record of ``model`` was written (whole lines only)."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and process.poll() is None:
-        if output.exists():
-            whole = output.read_bytes()
-            whole = whole[:whole.rfind(b"\n") + 1]
-            if any(json.loads(line)["model"] == model for line in whole.splitlines()):
-                return
-        time.sleep(0.05)
-    raise AssertionError(f"{output} never had a record of {model}")
+    _wait_for(output, process, f"had a record of {model}",
+              lambda lines: any(json.loads(line)["model"] == model for line in lines))
 
 
 def test_ctrl_c_records_the_streams_in_flight_as_cancelled(tmp_path: Path, config: str) -> None:
