@@ -100,8 +100,9 @@ class EndpointLimit:
 
     ``url``: the endpoint's base URL (what a summary names).  ``streams``: the
     streams running on it, for ``open_fanout(endpoint_streams=...)``.
-    ``usage_seen``: a stream of this endpoint completed with usage (so one that
-    completes without it while others run was cut by a relay that drops usage).
+    ``usage_seen``: the models of which a stream completed with usage on this
+    endpoint (so one of theirs that completes without it while others run was cut by
+    a relay that drops usage; a model that never sends usage is never judged so).
     ``busiest``: the most streams that ran at once (the cut one included) when a
     cut came.
     """
@@ -113,7 +114,7 @@ class EndpointLimit:
         self.url = url
         self.limiter = trio.CapacityLimiter(maximum)
         self.streams = EndpointStreams()
-        self.usage_seen = False
+        self.usage_seen: set[str] = set()
         self.lowest = maximum
         self.busiest = 0
         self.cuts = 0  # cut signals seen

@@ -112,9 +112,11 @@ class Session:
         self.still_cut = 0  # units cut again after MAX_REDOS redos
         self.relayed = 0  # cuts that came as a normal end ("stop"), a relay's doing
         self.excused: dict[str, int] = {}  # model -> its cuts, found its own (it fails alone)
-        # A relay that drops usage on a cut: see _is_cut.
-        self._usage_seen = False  # a completed stream of this endpoint had usage
-        self._usage_optional = False  # one completed without usage with nothing else running
+        # A relay that drops usage on a cut: see _is_cut.  Per model: a model that sends
+        # no usage says nothing about another's missing usage.
+        # The models with a completed stream with usage: self.endpoint.usage_seen (the
+        # judges' too).
+        self._usage_optional: set[str] = set()  # ... with one without usage, run alone
         # key -> unit, sent, running, record: not scored until known not to be cut
         self._suspects: dict[str, tuple[Work, float, int, dict[str, Any]]] = {}
 
@@ -311,31 +313,33 @@ class Session:
             if suspect:
                 self._suspects[unit.key] = (unit, sent, result.others_running + 1, record)
         if result.outcome == Outcome.COMPLETED and result.usage is not None \
-                and not self._usage_seen:
-            self._usage_seen = self.endpoint.usage_seen = True
-            self._redo_suspects()
+                and name not in self.endpoint.usage_seen:
+            self.endpoint.usage_seen.add(name)
+            self._redo_suspects(name)
         self._wake_submitters(name)
 
     def _is_cut(self, unit: Work, result: StreamResult) -> bool:
         """Whether the server cut this stream because others ran: it ended truncated, or
-        completed with an empty answer, or completed without usage where the endpoint
-        sends usage (a relay that drops usage on a cut: LiteLLM's finish_reason "stop"
-        on llama.cpp's cut); and other streams were running.
+        completed with an empty answer, or completed without usage where the same model's
+        streams come with usage (a relay that drops usage on a cut); and other streams
+        were running.
 
-        The same ending with nothing else running says it happens on its own: a model
-        that truncates (or answers empty) alone stops counting as cut (``excused``), and
-        an endpoint that completes a stream without usage alone stops the usage rule.
+        Missing usage alone is never evidence: a model that sends none, beside one that
+        does, is not cut.  The same ending with nothing else running says it happens on
+        its own: a model that truncates (or answers empty) alone stops counting as cut
+        (``excused``), and a model that completes a stream without usage alone stops the
+        usage rule for itself.
         """
         name = unit.model.name
         others = result.others_running
         if result.outcome == Outcome.COMPLETED:
             if Flag.EMPTY_ANSWER in result.flags and not self.options.accept_empty:
                 return self._looks_cut(name, others)
-            if result.usage is None and not self._usage_optional:
+            if result.usage is None and name not in self._usage_optional:
                 if not others:
-                    self._usage_optional = True
-                    self._score_suspects()
-                return bool(others) and self._usage_seen
+                    self._usage_optional.add(name)
+                    self._score_suspects(name)
+                return bool(others) and name in self.endpoint.usage_seen
             return False
         return result.outcome == Outcome.TRUNCATED and self._looks_cut(name, others)
 
@@ -350,25 +354,32 @@ class Session:
             self.endpoint.reset()
         return False
 
-    def _score_suspects(self) -> None:
-        """The suspects were not cut after all: their records are scored."""
-        if self.scoring is not None:
-            for _, _, _, record in self._suspects.values():
-                self.scoring.add(record)
-        self._suspects.clear()
+    def _score_suspects(self, name: str | None = None) -> None:
+        """The suspects (of model ``name``; all of them without one) were not cut after
+        all: their records are scored."""
+        for key, (unit, _, _, record) in list(self._suspects.items()):
+            if name is None or unit.model.name == name:
+                if self.scoring is not None:
+                    self.scoring.add(record)
+                del self._suspects[key]
 
     def _suspect(self, unit: Work, result: StreamResult, sent: float) -> bool:
-        # Completed without usage while others ran, before the endpoint showed it sends
+        # Completed without usage while others ran, before its model showed it sends
         # usage: a cut if it turns out to (then it is redone, see _redo_suspects).
+        name = unit.model.name
         return (result.outcome == Outcome.COMPLETED and result.usage is None
-                and result.others_running > 0 and not self._usage_seen
-                and not self._usage_optional and self.redos[unit.key] < MAX_REDOS
+                and result.others_running > 0 and name not in self.endpoint.usage_seen
+                and name not in self._usage_optional and self.redos[unit.key] < MAX_REDOS
                 and not self.interrupted and not self.stopped)
 
-    def _redo_suspects(self) -> None:
-        """Usage came: the streams that completed without it while others ran were cut
-        after all; they are redone (their records stay; the redo's record follows)."""
-        for key, (unit, sent, running, _) in self._suspects.items():
+    def _redo_suspects(self, name: str) -> None:
+        """Usage came on model ``name``: its streams that completed without it while
+        others ran were cut after all; they are redone (their records stay; the redo's
+        record follows)."""
+        for key, (unit, sent, running, _) in list(self._suspects.items()):
+            if unit.model.name != name:
+                continue
+            del self._suspects[key]
             final = self.finals.pop(key)
             self.counts[final.state] -= 1
             self.ran_per_model[final.model] -= 1
@@ -376,7 +387,6 @@ class Session:
             self.relayed += 1
             self._cut(unit, sent, running)
             self._wake_submitters(unit.model.name)
-        self._suspects.clear()
 
     def _cut(self, unit: Work, sent: float, running: int) -> None:
         """Redo a unit the server cut (sent at ``sent``, cut while ``running`` streams ran,

@@ -477,7 +477,7 @@ class Scoring:
                 return
         elif result.outcome == Outcome.COMPLETED:
             if result.usage is not None:
-                self.endpoint.usage_seen = True
+                self.endpoint.usage_seen.add(model.name)
             if not self._redoing:  # a slot back never lands on a redo's head
                 self.endpoint.succeeded()
         if result.outcome == Outcome.COMPLETED:
@@ -494,12 +494,12 @@ class Scoring:
     def _is_cut(self, name: str, result: StreamResult) -> bool:
         """Whether the server cut this judge stream because others ran on the endpoint:
         it ended truncated, or completed with an empty answer, or completed without usage
-        where the endpoint sends usage; and other streams ran.  The same ending with
+        where the same model's streams come with usage; and other streams ran.  The same ending with
         nothing else running says the judge model (``name``) does it on its own."""
         assert self.endpoint is not None
         if result.outcome == Outcome.COMPLETED:
             if Flag.EMPTY_ANSWER not in result.flags and (
-                    result.usage is not None or not self.endpoint.usage_seen):
+                    result.usage is not None or name not in self.endpoint.usage_seen):
                 return False
         elif result.outcome != Outcome.TRUNCATED:
             return False

@@ -229,3 +229,44 @@ def test_the_docs_snippet_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     shard = _records(tmp_path / "results-0.jsonl")
     assert shard and {r["shard"] for r in shard} == {"0/4"}
     assert (tmp_path / "results-0.scores.jsonl").exists()
+
+
+NO_USAGE_BESIDE_USAGE = """
+[endpoint]
+base_url = "embedded"
+[deadlines]
+idle = 5
+total = 30
+[concurrency]
+max = 64
+[[models]]
+name = "quiet"
+id = "fault/no-usage"
+[[models]]
+name = "fast"
+id = "mock/fast"
+"""
+
+
+def test_a_model_without_usage_beside_one_with_usage_is_not_taken_for_cut(
+        tmp_path: Path) -> None:
+    # 12 prompts x a model that never sends usage + one that does, at concurrency 64:
+    # missing usage alone is no evidence of a cut, so nothing is redone, the
+    # concurrency stays, and no advice about one-slot servers is given.
+    prompts, config = _setup(tmp_path, 12, NO_USAGE_BESIDE_USAGE)
+    output = tmp_path / "results.jsonl"
+    notes: list[str] = []
+
+    class Watch(BatchObserver):
+        def note(self, line: str) -> None:
+            notes.append(line)
+
+    summary = fanout.batch.run_sync(BatchOptions(prompts=prompts, output=str(output),
+                                                 config=config), observer=Watch())
+    records = _records(output)
+    assert summary.exit_code == 0 and summary.redone == 0
+    assert len(records) == 24 and not any(r["cut"] for r in records)
+    assert {r["outcome"] for r in records} == {"completed"}
+    quiet = [r for r in records if r["model"] == "quiet"]
+    assert len(quiet) == 12 and all("missing_usage" in r["flags"] for r in quiet)
+    assert not [line for line in notes if "cut" in line or "concurrency" in line]

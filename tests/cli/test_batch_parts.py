@@ -566,23 +566,39 @@ async def test_an_empty_answer_while_others_ran_is_a_cut_unless_accepted(
 
 async def test_a_relay_that_drops_usage_on_a_cut(tmp_path: Path) -> None:
     session, work = _session(tmp_path)
-    first, second, third = work[0], work[1], work[2]
-    for unit in (first, second, third):
+    first, other, third, fourth = work[0], work[1], work[2], work[4]  # a, b, a, a
+    for unit in (first, other, third, fourth):
         _send(session, unit)
-    # No usage yet on this endpoint: a suspect, counted completed for now.
-    assert _end(session, first, Outcome.COMPLETED, others=2, usage=False)["cut"] is False
+    # No usage yet from model a: a suspect, counted completed for now.
+    assert _end(session, first, Outcome.COMPLETED, others=3, usage=False)["cut"] is False
     assert session.counts == {"completed": 1} and not session.queues["a"].count(first)
-    # Usage comes on another stream: the suspect was cut after all, and is redone.
-    assert _end(session, second, Outcome.COMPLETED, others=1)["cut"] is False
-    assert session.queues["a"][0] is first and session.counts == {"completed": 1}
+    # Usage from another model says nothing about a's: the suspect stands as it was.
+    assert _end(session, other, Outcome.COMPLETED, others=2)["cut"] is False
+    assert first not in session.queues["a"] and session.counts == {"completed": 2}
+    # Usage comes from a itself: the suspect was cut after all, and is redone.
+    assert _end(session, fourth, Outcome.COMPLETED, others=1)["cut"] is False
+    assert session.queues["a"][0] is first and session.counts == {"completed": 2}
     assert first.key not in session.finals and session.redone == 1
-    # From now on, no usage while others ran is a cut at once...
+    # From now on, no usage from a while others ran is a cut at once...
     assert _end(session, third, Outcome.COMPLETED, others=1, usage=False)["cut"] is True
-    # ... until a stream completes without usage alone: this endpoint does that.
+    # ... until a stream of a completes without usage alone: a does that.
     _send(session, first)
     assert _end(session, first, Outcome.COMPLETED, others=0, usage=False)["cut"] is False
     _send(session, third)
     assert _end(session, third, Outcome.COMPLETED, others=3, usage=False)["cut"] is False
+
+
+async def test_missing_usage_of_a_model_that_never_sends_it_is_no_cut(tmp_path: Path) -> None:
+    # Model a sends no usage at all, model b always does: a's answers stand, are never
+    # redone, and the endpoint's concurrency stays where it was.
+    session, work = _session(tmp_path, prompts=6, concurrency=12)
+    for unit in work:
+        _send(session, unit)
+    for unit in work:
+        usage = unit.model.name == "b"
+        assert _end(session, unit, Outcome.COMPLETED, others=5, usage=usage)["cut"] is False
+    assert session.redone == 0 and session.endpoint.limit == 12 and not session.cut_lines()
+    assert session.counts == {"completed": 12}
 
 
 class _Scoring:
@@ -600,29 +616,31 @@ class _Scoring:
 async def test_a_suspect_answer_is_judged_only_once_known_not_cut(tmp_path: Path) -> None:
     scoring = _Scoring()
     session, work = _session(tmp_path, scoring=scoring)
-    first, second, third = work[0], work[1], work[2]
-    for unit in (first, second, third):
+    first, other, third, fourth = work[0], work[1], work[2], work[4]  # a, b, a, a
+    for unit in (first, other, third, fourth):
         _send(session, unit)
-    # Completed without usage while others ran, before usage was seen: not scored yet.
-    _end(session, first, Outcome.COMPLETED, others=2, usage=False)
+    # Completed without usage while others ran, before a showed usage: not scored yet.
+    _end(session, first, Outcome.COMPLETED, others=3, usage=False)
     assert scoring.added == []
-    # Usage came: it was cut, and is redone; only the redo's answer is scored.
-    _end(session, second, Outcome.COMPLETED, others=1)
-    assert scoring.added == [("q0", 0)]  # second's (prompt q0, model b)
-    _end(session, third, Outcome.COMPLETED, others=1, usage=False)  # a cut now: not scored
+    _end(session, other, Outcome.COMPLETED, others=2)  # b's usage: a's suspect waits on
     assert scoring.added == [("q0", 0)]
+    # Usage came from a: first was cut, and is redone; only the redo's answer is scored.
+    _end(session, fourth, Outcome.COMPLETED, others=1)
+    assert scoring.added == [("q0", 0), ("q2", 0)]
+    _end(session, third, Outcome.COMPLETED, others=1, usage=False)  # a cut now: not scored
+    assert scoring.added == [("q0", 0), ("q2", 0)]
     _send(session, first)
     _end(session, first, Outcome.COMPLETED, others=0)
-    assert scoring.added == [("q0", 0), ("q0", 1)]
-    # A suspect that turns out to stand (a stream completes without usage alone) is scored.
+    assert scoring.added == [("q0", 0), ("q2", 0), ("q0", 1)]
+    # A suspect that turns out to stand (its model completes without usage alone) is scored.
     session2, work2 = _session(tmp_path / "two", scoring=(scoring2 := _Scoring()))
-    a, b = work2[0], work2[1]
+    a, a2 = work2[0], work2[2]
     _send(session2, a)
-    _send(session2, b)
+    _send(session2, a2)
     _end(session2, a, Outcome.COMPLETED, others=1, usage=False)
     assert scoring2.added == []
-    _end(session2, b, Outcome.COMPLETED, others=0, usage=False)  # this endpoint sends none
-    assert scoring2.added == [("q0", 0), ("q0", 0)]
+    _end(session2, a2, Outcome.COMPLETED, others=0, usage=False)  # a sends none
+    assert scoring2.added == [("q0", 0), ("q1", 0)]
 
 
 def test_a_model_that_fails_the_same_way_beside_refused_requests_gets_no_advice() -> None:
