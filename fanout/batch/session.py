@@ -34,6 +34,7 @@ from ..eval.budget import Budget
 from ..eval.run import Scoring
 from ..fanout import Fanout, open_fanout
 from ..ratelimit import AdaptiveLimit, EndpointLimit
+from ..records import flag_label
 from ..request import Endpoint
 from ..store.results import ResultsFile, state_of
 from .options import BATCH_RETRY, MAX_REDOS, BatchOptions
@@ -303,7 +304,10 @@ class Session:
             self.counts[state] += 1
             self.ran_per_model[name] += 1
             self.still_cut += cut
-            self.finals[unit.key] = Final(name, state, result.status, result.reason)
+            reason = result.reason
+            if reason is None and Flag.UNFINISHED_CHOICE in result.flags:
+                reason = f"{flag_label(Flag.UNFINISHED_CHOICE, result)} (no finish_reason)"
+            self.finals[unit.key] = Final(name, state, result.status, reason)
             if is_done(state, self.options.accept_empty):
                 limit.succeeded()
                 if not self._redoing:  # a slot back never lands on a redo's head
@@ -320,9 +324,9 @@ class Session:
 
     def _is_cut(self, unit: Work, result: StreamResult) -> bool:
         """Whether the server cut this stream because others ran: it ended truncated, or
-        completed with an empty answer, or completed without usage where the same model's
-        streams come with usage (a relay that drops usage on a cut); and other streams
-        were running.
+        completed with an empty answer or a choice unfinished, or completed without usage
+        where the same model's streams come with usage (a relay that drops usage on a
+        cut); and other streams were running.
 
         Missing usage alone is never evidence: a model that sends none, beside one that
         does, is not cut.  The same ending with nothing else running says it happens on
@@ -334,6 +338,8 @@ class Session:
         others = result.others_running
         if result.outcome == Outcome.COMPLETED:
             if Flag.EMPTY_ANSWER in result.flags and not self.options.accept_empty:
+                return self._looks_cut(name, others)
+            if Flag.UNFINISHED_CHOICE in result.flags:  # one choice cut: as a truncation
                 return self._looks_cut(name, others)
             if result.usage is None and name not in self._usage_optional:
                 if not others:

@@ -388,12 +388,17 @@ def state_of(record: Mapping[str, Any]) -> str:
     ``completed`` only for a completed record with an answer that was not cut;
     ``empty`` for a completed empty answer; ``truncated`` for a completed record
     that ``fanout batch`` judged cut by the server (``"cut": true``: a redo follows it,
-    unless the run was interrupted first).
+    unless the run was interrupted first), or one of whose choices ended without its
+    finish reason (flagged ``unfinished_choice``: that choice was cut, so the unit is
+    not done).
     """
     outcome = str(record.get("outcome"))
     if outcome != "completed":
         return outcome
     if record.get("cut") is True:
+        return "truncated"
+    flags = record.get("flags")
+    if isinstance(flags, list) and "unfinished_choice" in flags:
         return "truncated"
     return "empty" if is_empty(record) else "completed"
 

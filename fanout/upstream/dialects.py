@@ -53,7 +53,7 @@ class Answer(Protocol):
     """What an encoder renders: a choice's parts in sending order and its finish."""
 
     parts: list[tuple[Any, ...]]
-    finish_reason: str
+    finish_reason: str | None  # None: never finished (chat only)
 
 
 def _dumps(body: Any) -> bytes:
@@ -236,7 +236,7 @@ class ResponsesEncoder:
         closed = self._close()
         if closed:
             out.append(Send(closed))
-        finish = answers[0].finish_reason if answers else "stop"
+        finish = (answers[0].finish_reason if answers else None) or "stop"
         if finish in ("length", "content_filter"):
             terminal = self._event("response.incomplete",
                                    response=self.response("incomplete", usage, finish))
@@ -269,7 +269,7 @@ class ResponsesEncoder:
         for index, part in self.order(answers):
             self.part(index, part)
         self._close()
-        finish = answers[0].finish_reason if answers else "stop"
+        finish = (answers[0].finish_reason if answers else None) or "stop"
         status = "incomplete" if finish in ("length", "content_filter") else "completed"
         return self.response(status, usage, finish)
 
@@ -369,7 +369,7 @@ class AnthropicEncoder:
         return out + _named("content_block_stop", {"type": "content_block_stop", "index": index})
 
     def stop_reason(self, answers: Sequence[Answer]) -> str:
-        finish = answers[0].finish_reason if answers else "stop"
+        finish = (answers[0].finish_reason if answers else None) or "stop"
         if self._refused and finish == "stop":
             return "refusal"
         return _STOP_REASONS.get(finish, "end_turn")

@@ -131,7 +131,7 @@ class _Choice:
 
     # ("content" | "reasoning", text) or ("tool", tool index, id | None, name | None, fragment)
     parts: list[tuple[Any, ...]] = attrs.Factory(list)
-    finish_reason: str = "stop"
+    finish_reason: str | None = "stop"  # None: never finished (fault/unfinished-choice)
     billed: int | None = None  # the completion tokens its usage says (None: one a part)
 
     @property
@@ -754,6 +754,18 @@ def _no_usage(request: ChatRequest, context: Context) -> Plan:
     return Plan(200, SSE_HEADERS, steps=steps, fragment=request.fragment)
 
 
+def _unfinished_choice(request: ChatRequest, context: Context) -> Plan:
+    """mock/fast's ``n`` answers, the last of which never gets its finish reason (the
+    others do, and usage and ``[DONE]`` come): a server that cut one choice.  With
+    ``n`` = 1 the one choice has none: a stream with no finish reason at all."""
+    answers = _answer(request, "text")
+    answers[-1].finish_reason = None
+    if not request.stream:
+        return _completion(request, answers)
+    steps = _stream(request, answers, _pauses(request, context, 0.0))
+    return Plan(200, SSE_HEADERS, steps=steps, fragment=request.fragment)
+
+
 ECHO_MARKER = "fanout-echo-no-authorization-header"  # echoed when no key was sent
 ECHO_PLACES = ("stream-error", "event-error", "http", "http-text", "json-200", "headers",
                "meta", "skipped", "escaped", "all")
@@ -1242,6 +1254,9 @@ SCRIPTED_MODELS: dict[str, ModelSpec] = {spec.id: spec for spec in [
               _slot("litellm"), CHAT_ONLY),
     ModelSpec("fault/no-usage", "mock/fast's answer without usage, even when asked",
               _no_usage),
+    ModelSpec("fault/unfinished-choice", "mock/fast's n answers, the last one never "
+              "finished (no finish_reason), then usage and [DONE]", _unfinished_choice,
+              CHAT_ONLY),
     ModelSpec("fault/empty-stop", "the role chunk, then finish_reason stop with no content",
               _empty_stop),
     ModelSpec("fault/echo-key", "echoes the bearer token back (:WHERE: stream-error, "

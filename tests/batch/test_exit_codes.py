@@ -27,6 +27,7 @@ MODELS = {
     "broken": "fault/500-then-ok:1000",       # 500 on every attempt
     "truncating": "fault/truncate:2",          # truncates every stream, alone too
     "slow": "mock/slow:0.05",
+    "unfinished": "fault/unfinished-choice",  # n = 2: choice 1 never gets its finish
 }
 
 
@@ -73,6 +74,24 @@ def test_1_a_model_that_always_truncates(tmp_path: Path) -> None:
     assert status == ExitCode.FAILED, err
     assert "all 3 of its streams this run were truncated" in err
     assert err.splitlines()[-1].startswith("fanout batch: exit 1: 3 units failed")
+
+
+def test_1_a_model_whose_every_answer_leaves_a_choice_unfinished(tmp_path: Path) -> None:
+    # Completed, but a choice without its finish reason is a unit not done: never exit 0.
+    config = Path(_config(tmp_path, concurrency=1))
+    config.write_text(config.read_text().replace(
+        'id = "fault/unfinished-choice"\n', 'id = "fault/unfinished-choice"\nparams = { n = 2 }\n'))
+    status, err = _batch(tmp_path, "unfinished", config=str(config))
+    assert status == ExitCode.FAILED == 1, err
+    assert "all 3 of its streams this run were truncated (choice 1 unfinished" in err
+    assert err.splitlines()[-1].startswith("fanout batch: exit 1: 3 units failed")
+    records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [(r["outcome"], r["flags"]) for r in records] == [
+        ("completed", ["unfinished_choice"])] * 3
+    # The same command again redoes them (not done), and says the same.
+    status, err = _batch(tmp_path, "unfinished", config=str(config))
+    assert status == ExitCode.FAILED, err
+    assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 6
 
 
 def test_75_5xx_after_every_retry(tmp_path: Path) -> None:

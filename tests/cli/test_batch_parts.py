@@ -410,6 +410,7 @@ def test_what_a_record_counts_as() -> None:
     assert state_of({"outcome": "completed", "flags": [], "choices": []}) == "completed"
     assert state_of({"outcome": "completed", "flags": ["empty_answer"]}) == "empty"
     assert state_of({"outcome": "completed", "flags": ["missing_usage"]}) == "completed"
+    assert state_of({"outcome": "completed", "flags": ["unfinished_choice"]}) == "truncated"
     assert state_of({"outcome": "completed", "flags": [], "cut": True}) == "truncated"
     assert state_of({"outcome": "timed_out", "flags": []}) == "timed_out"
     # Written before flags existed: the choices say whether anything came.
