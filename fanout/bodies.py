@@ -8,7 +8,9 @@ endpoint speaks:
 - ``"chat"``: ``POST /chat/completions`` as it is, with
   ``stream_options.include_usage``;
 - ``"responses"``: ``POST /responses``: system messages become
-  ``instructions``, the rest ``input`` items (tool calls ``function_call``,
+  ``instructions``, the rest ``input`` items, each with its ``type`` as the API
+  reference gives it (``message`` for every turn, the assistant's too; tool calls
+  ``function_call``,
   tool results ``function_call_output``), ``max_tokens`` /
   ``max_completion_tokens`` become ``max_output_tokens``, ``reasoning_effort``
   ``reasoning.effort``, ``response_format`` ``text.format``, tools and
@@ -157,7 +159,7 @@ def _responses(model: str, messages: Sequence[Mapping[str, Any]], params: Mappin
         elif role == "assistant":
             text = _text(content)
             if text:
-                items.append({"role": "assistant", "content": text})
+                items.append({"type": "message", "role": "assistant", "content": text})
             for call, function in _calls(message, f"messages[{index}]"):
                 items.append({"type": "function_call", "call_id": str(call.get("id", "")),
                               "name": str(function.get("name", "")),
@@ -165,7 +167,8 @@ def _responses(model: str, messages: Sequence[Mapping[str, Any]], params: Mappin
         elif role is None and "type" in message:
             items.append(dict(message))  # already a Responses input item
         else:
-            items.append({"role": role, "content": _responses_content(content)})
+            items.append({"type": "message", "role": role,
+                          "content": _responses_content(content)})
     body: dict[str, Any] = {"model": model, "input": items}
     if instructions:
         body["instructions"] = "\n\n".join(instructions)

@@ -149,7 +149,7 @@ def test_what_is_sent_is_what_build_body_builds() -> None:
         "response_format": {"type": "json_schema",
                             "json_schema": {"name": "n", "schema": {}, "strict": True}}}, [tool])
     assert responses["instructions"] == "Be brief.\n\nBe kind."
-    assert responses["input"] == [{"role": "user", "content": "hi"}]
+    assert responses["input"] == [{"type": "message", "role": "user", "content": "hi"}]
     assert responses["max_output_tokens"] == 10 and "max_tokens" not in responses
     assert responses["reasoning"] == {"effort": "low"}
     assert responses["tool_choice"] == {"type": "function", "name": "get_weather"}
@@ -282,7 +282,7 @@ def test_the_chat_only_models_are_the_ones_listed(tmp_path: Path) -> None:
     assert chat_only == listed | {name for name in chat_only if name.startswith("slot/")}
     assert {name for name in chat_only if name.startswith("slot/")} == {
         "slot/clean", "slot/broken", "slot/relay", "slot/litellm", "slot/judge"}
-    assert len(chat_only) == 13 and "all but the thirteen whose bytes are chat's own" in _flat(
+    assert len(chat_only) == 14 and "all but the fourteen whose bytes are chat's own" in _flat(
         UPSTREAM)
 
 

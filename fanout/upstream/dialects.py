@@ -544,8 +544,11 @@ def parse_responses_request(body: bytes, headers: Mapping[str, str]) -> ChatRequ
             if not isinstance(item, dict):
                 raise RequestError(f"Invalid 'input[{index}]': expected an object.",
                                    f"input[{index}]")
-            kind = item.get("type", "message")
-            if kind == "message":
+            kind = item.get("type")
+            if kind is None and item.get("role") == "assistant":
+                # llama.cpp's server refuses it so (OpenAI takes it): fanout names the type
+                raise RequestError("Cannot determine type of 'item'", f"input[{index}]")
+            if kind is None or kind == "message":
                 role = item.get("role")
                 if role not in ("user", "assistant", "system", "developer"):
                     raise RequestError(f"Invalid value for 'input[{index}].role': {role!r}.",

@@ -244,7 +244,8 @@ async def test_each_dialect_sends_its_url_headers_and_body() -> None:
                                 "input_schema": TOOLS[0]["function"]["parameters"]}
     responses = json.loads(sent["/v1/responses"].content)
     assert responses["instructions"] == "Be brief." and responses["max_output_tokens"] == 30
-    assert responses["input"] == USER and "stream_options" not in responses
+    assert responses["input"] == [{"type": "message", **m} for m in USER]
+    assert "stream_options" not in responses
     assert responses["tools"][0]["name"] == "lookup"
 
 
@@ -399,15 +400,15 @@ def test_the_responses_body() -> None:
     assert body == {
         "model": "gpt-x",
         "input": [
-            {"role": "user", "content": [
+            {"type": "message", "role": "user", "content": [
                 {"type": "input_text", "text": "Weather in Oslo?"},
                 {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo=",
                  "detail": "auto"}]},
-            {"role": "assistant", "content": "Checking."},
+            {"type": "message", "role": "assistant", "content": "Checking."},
             {"type": "function_call", "call_id": "call_1", "name": "lookup",
              "arguments": "{\"place\": \"Oslo\", \"days\": 1}"},
             {"type": "function_call_output", "call_id": "call_1", "output": "rain"},
-            {"role": "user", "content": "And tomorrow?"},
+            {"type": "message", "role": "user", "content": "And tomorrow?"},
         ],
         "instructions": "You are terse.", "max_output_tokens": 64,
         "reasoning": {"effort": "low"},
@@ -418,6 +419,37 @@ def test_the_responses_body() -> None:
                    "parameters": TOOLS[0]["function"]["parameters"], "strict": False}],
         "stream": True,
     }
+
+
+def test_every_responses_input_item_has_the_form_the_api_reference_gives() -> None:
+    # llama.cpp answers 400 "Cannot determine type of 'item'" to an item without its type:
+    # every item names it, and each one validates against the openai SDK's input types.
+    pydantic = pytest.importorskip("pydantic")
+    from openai.types.responses import ResponseInputItemParam
+    body = build_body("responses", "gpt-x", CONVERSATION, {}, TOOLS)
+    adapter = pydantic.TypeAdapter(ResponseInputItemParam)
+    for item in body["input"]:
+        assert item["type"] in ("message", "function_call", "function_call_output"), item
+        adapter.validate_python(item)
+    assistant = [i for i in body["input"] if i.get("role") == "assistant"]
+    assert assistant == [{"type": "message", "role": "assistant", "content": "Checking."}]
+
+
+async def test_a_multi_turn_conversation_is_answered_on_every_route() -> None:
+    # The embedded upstream refuses an assistant item without its type on /v1/responses,
+    # as llama.cpp does ("Cannot determine type of 'item'"): 20 of 20 conversations failed.
+    turns = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello!"},
+             {"role": "user", "content": "Tell me about rivers."}]
+    async with open_upstream() as upstream:
+        results, _ = await run(upstream, *(ask("mock/fast", api, messages=turns)
+                                           for api in APIS))
+        bare = {"model": "mock/fast", "stream": True, "input": [
+            {"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello!"}]}
+        async with httpx.AsyncClient() as client:
+            refused = await client.post(f"{upstream.base_url}/responses", json=bare)
+    assert {r.outcome for r in results.values()} == {Outcome.COMPLETED}, results
+    assert refused.status_code == 400
+    assert refused.json()["error"]["message"] == "Cannot determine type of 'item'"
 
 
 def test_the_chat_body_is_unchanged() -> None:
