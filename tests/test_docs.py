@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -315,3 +316,67 @@ def test_the_readme_library_snippet_runs_as_written(tmp_path: Path) -> None:
     assert "mock/slow completed None" in lines
     assert any(line.startswith("fault/truncate truncated the connection broke after")
                for line in lines)
+
+
+def _make_docs(tmp_path: Path, *targets: str) -> list[str]:
+    """The commands ``make VENV=v <targets>`` runs with the checkout's Makefile and
+    pyproject.toml in ``tmp_path``: its venv's python only logs what it is asked."""
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    for name in ("Makefile", "pyproject.toml"):
+        if not (tmp_path / name).exists():
+            shutil.copy(ROOT / name, tmp_path / name)
+    python = tmp_path / "v" / "bin" / "python"
+    python.parent.mkdir(parents=True, exist_ok=True)
+    log = tmp_path / "calls.log"
+    python.write_text(f'#!/bin/sh\necho "$*" >> {shlex.quote(str(log))}\n')
+    python.chmod(0o755)
+    log.write_text("")
+    done = subprocess.run(["make", "-s", "VENV=v", *targets], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return log.read_text().splitlines()
+
+
+def test_make_docs_installs_only_the_docs_extra(tmp_path: Path) -> None:
+    """`make docs` from nothing installs the package with its docs extra, not the dev tools
+    and Ray (minutes and a gigabyte), then builds with --strict; again, it only builds."""
+    build = "-m mkdocs build --strict -d site"
+    assert _make_docs(tmp_path, "docs") == ["-m pip install --quiet -e .[docs]", build]
+    assert _make_docs(tmp_path, "docs") == [build]
+    # The dev extra on top (what `make test` needs) installs the rest once; after it,
+    # neither `make docs` nor the dev stamp installs anything again.
+    assert _make_docs(tmp_path, "v/.installed-dev") == [
+        "-m pip install --quiet -e .[serve]", "-m pip install --quiet -e .[dev,ray]"]
+    assert _make_docs(tmp_path, "v/.installed-dev", "docs") == [build]
+
+
+def test_a_dev_venv_needs_no_install_for_the_docs(tmp_path: Path) -> None:
+    """A venv `make test` set up before the docs had their own stamp holds the docs extra
+    (the dev extra holds fanout[docs]): `make docs` and `make test` install nothing."""
+    _make_docs(tmp_path, "v/.installed-dev")
+    (tmp_path / "v" / ".installed-docs").unlink()
+    assert _make_docs(tmp_path, "docs", "v/.installed-dev") == [
+        "-m mkdocs build --strict -d site"]
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    assert "fanout[docs]" in extras["dev"]
+    assert not {"ray", "pytest", "mypy"} & {re.split(r"[\[<>=]", dep)[0] for dep in extras["docs"]}
+
+
+def test_the_site_searches_from_disk_with_nothing_fetched() -> None:
+    """mkdocs.yml enables Material's offline plugin (the search index inlined as a script)
+    and lists our own worker polyfill, so the plugin adds none from unpkg.com: the search of
+    site/index.html opened from disk works offline (tests/test_docs_browser.py runs it)."""
+    yaml = pytest.importorskip("yaml")
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
+    plugins = [next(iter(p)) if isinstance(p, dict) else p for p in config["plugins"]]
+    assert "search" in plugins and "offline" in plugins
+    assert config["use_directory_urls"] is False and config["theme"]["font"] is False
+    polyfills = config["extra"]["polyfills"]
+    assert any("iframe-worker" in src for src in polyfills)  # else the plugin adds unpkg's
+    for src in polyfills + config.get("extra_javascript", []) + config.get("extra_css", []):
+        assert not urlsplit(src).scheme and not src.startswith("//"), src
+        assert (DOCS / src).is_file(), src
