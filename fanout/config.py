@@ -83,7 +83,7 @@ import math
 import os
 import re
 import tomllib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, final
@@ -93,7 +93,7 @@ import attrs
 from ._exceptions import ConfigError
 from .bodies import APIS, refused_param
 from .eval.cost import Price
-from .request import Deadlines, Endpoint
+from .request import Deadlines, Endpoint, StreamRequest
 
 if TYPE_CHECKING:
     from .eval.scorers import Scorer
@@ -296,6 +296,18 @@ class Config:
         if not model.deadline_overrides:
             return self.deadlines
         return attrs.evolve(self.deadlines, **model.deadline_overrides)
+
+    def request(self, key: str, model: ModelConfig, messages: Sequence[Mapping[str, Any]], *,
+                params: Mapping[str, Any] | None = None,
+                tools: Sequence[Mapping[str, Any]] | None = None) -> StreamRequest:
+        """The stream ``model`` runs for ``messages``, as every front end sends it
+        (``compare``, ``batch``, ``serve``'s two routes): ``params`` over the model's
+        own params (its ``tool_choice`` too), ``tools`` instead of the model's own
+        (none or empty: the model's ``tools``), its deadlines over ``[deadlines]``, its
+        dialect.  ``ValueError`` from ``StreamRequest``'s checks."""
+        return StreamRequest(key, model.id, messages, {**model.params, **(params or {})},
+                             deadlines=self.deadlines_for(model),
+                             tools=tools or model.tools, api=model.api)
 
     def scorer(self, name: str) -> ScorerConfig | None:
         """The ``[[scorers]]`` entry called ``name``, if any."""

@@ -39,10 +39,8 @@ class Work:
     def request(self, config: Config) -> StreamRequest:
         """The stream that answers this unit: the prompt's params over the model's, the
         prompt's tools instead of the model's."""
-        return StreamRequest(self.key, self.model.id, self.prompt.messages,
-                             {**self.model.params, **self.prompt.params},
-                             deadlines=config.deadlines_for(self.model),
-                             tools=self.prompt.tools or self.model.tools, api=self.model.api)
+        return config.request(self.key, self.model, self.prompt.messages,
+                              params=self.prompt.params, tools=self.prompt.tools)
 
 
 def plan_work(prompts: Sequence[Prompt], models: Sequence[ModelConfig], samples: int,

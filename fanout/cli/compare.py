@@ -29,7 +29,7 @@ from ..core.events import Event
 from ..core.result import Flag, Outcome
 from ..fanout import Fanout, open_fanout
 from ..records import dumps
-from ..request import Endpoint, StreamRequest
+from ..request import Endpoint
 from .common import interrupt_on_sigint, open_endpoint, silence_stdout, text_console
 from .common import only as _only
 from .records import event_record
@@ -177,9 +177,7 @@ class _Session:
 
     async def run(self, endpoint: Endpoint | None) -> None:
         async with open_endpoint(endpoint) as resolved:
-            requests = [StreamRequest(m.name, m.id, self.messages, m.params,
-                                      deadlines=self.config.deadlines_for(m),
-                                      tools=self.tools_for(m), api=m.api)
+            requests = [self.config.request(m.name, m, self.messages, tools=self.tools_for(m))
                         for m in self.models]
             now = trio.current_time()
             self.columns = [Column(m.name, m.id if m.api == "chat" else f"{m.api}: {m.id}",

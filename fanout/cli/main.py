@@ -24,7 +24,7 @@ from ..core import COMPILED
 from ..upstream.capture import PACKAGED_CAPTURES, Capture, find_captures
 from ..upstream.catalog import MODELS
 from ..upstream.fragment import MODES, Fragmenter
-from ..upstream.server import RunningUpstream, serve_upstream
+from ..upstream.server import MODELS_FAULTS, RunningUpstream, serve_upstream
 from .common import only as _only
 from .common import silence_stdout
 
@@ -239,6 +239,9 @@ def _parser() -> argparse.ArgumentParser:
                       help=f"how writes are cut: {', '.join(MODES)} (random:SEED)")
     mock.add_argument("--captures", type=Path, action="append", default=[], metavar="DIR",
                       help="also serve the captures in DIR as replay/<name>")
+    mock.add_argument("--models-fault", choices=sorted(MODELS_FAULTS), metavar="FAULT",
+                      help="GET /v1/models fails instead of listing the models: "
+                           + "; ".join(f"{name}: {what}" for name, what in MODELS_FAULTS.items()))
     mock.add_argument("--list", action="store_true", help="list the models and exit")
     return parser
 
@@ -282,7 +285,8 @@ def _mock(args: argparse.Namespace) -> int:
             nursery.start_soon(_stop_on_sigterm, nursery.cancel_scope)
             running: RunningUpstream = await nursery.start(partial(
                 serve_upstream, args.host, args.port, key=args.key, cadence=args.cadence,
-                fragment=args.fragment, captures=[PACKAGED_CAPTURES, *args.captures]))
+                fragment=args.fragment, captures=[PACKAGED_CAPTURES, *args.captures],
+                models_fault=args.models_fault))
             print(running.base_url, flush=True)
             print(f"fanout mock: {len(MODELS)} models and the captures as replay/<name>, on "
                   "/chat/completions, /responses and /messages; "

@@ -93,7 +93,8 @@ def run_serve(options: ServeOptions, *, stdout: TextIO | None = None,
             service.bound(int(url.rsplit(":", 1)[1]))  # --port 0: the port just bound
             print(f"{url}/", file=out, flush=True)
             upstream = "the embedded upstream" if config.embedded else resolved.base_url
-            print(f"fanout serve: {len(config.models)} models from {config.source} via "
+            listed = "" if config.embedded else " (and those its GET /models lists)"
+            print(f"fanout serve: {len(config.models)} models from {config.source}{listed} via "
                   f"{upstream}; service keys {'required' if keys else 'not required'}; "
                   f"replica {service.replica}; Ctrl-C stops", file=err, flush=True)
 

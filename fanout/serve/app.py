@@ -4,7 +4,8 @@
 ``/``                      GET     the comparison page (``static/index.html``)
 ``/static/{name}``         GET     the page's script and style
 ``/healthz``               GET     ``{"status": "ok"}``; the one route without a key
-``/v1/models``             GET     the configured models, OpenAI-shaped
+``/v1/models``             GET     the configured models, then those the endpoint's
+                                   ``GET /models`` lists (``listing``), OpenAI-shaped
 ``/v1/status``             GET     this replica: fan-outs and streams running, totals
                                    since start, limits, its key set's fingerprint
 ``/v1/fanout``             POST    one request, many models: SSE records or one JSON
@@ -34,6 +35,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from .._exceptions import ConfigError
+from ..config import Config
 from .body import parse_chat, parse_fanout, read_json
 from .chat import ChatJob
 from .errors import ApiError, error_response, json_response
@@ -86,11 +89,32 @@ async def healthz(request: Request) -> Response:
 
 
 async def models(request: Request) -> Response:
-    config = _service(request).config
-    return json_response({"object": "list", "data": [
+    service = _service(request)
+    config = service.config
+    listing = await service.endpoint_models.get()
+    data: list[dict[str, Any]] = [
         {"id": model.name, "object": "model", "owned_by": "fanout", "upstream_id": model.id,
-         "api": model.api, "default": model.name in config.compare}
-        for model in config.models]})
+         "api": model.api, "default": model.name in config.compare, "source": "config"}
+        for model in config.models]
+    taken = {model.name for model in config.models} | {model.id for model in config.models}
+    for model_id, owner in listing.models:
+        # An id the config already names is its entry; one POST /v1/fanout would refuse
+        # (a space, a control character) is not offered.
+        if model_id in taken or not _runnable(config, model_id):
+            continue
+        data.append({"id": model_id, "object": "model", "owned_by": owner or "endpoint",
+                     "upstream_id": model_id, "api": config.api, "default": False,
+                     "source": "endpoint"})
+    return json_response({"object": "list", "data": data, "endpoint_list": {
+        "asked": listing.asked, "models": len(listing.models), "error": listing.error}})
+
+
+def _runnable(config: Config, model_id: str) -> bool:
+    try:
+        config.model(model_id)
+    except ConfigError:
+        return False
+    return True
 
 
 async def status(request: Request) -> Response:

@@ -193,9 +193,10 @@ def parse_chat(body: Mapping[str, Any], config: Config, limits: ServeConfig) -> 
 
 def _request(key: str, model: ModelConfig, config: Config, messages: list[dict[str, Any]],
              params: Mapping[str, Any], tools: list[dict[str, Any]] | None) -> StreamRequest:
+    # The request compare and batch send for this model (its own tools when the body has
+    # none), with the body's params and tools over the model's.
     try:
-        return StreamRequest(key, model.id, messages, {**model.params, **params},
-                             deadlines=config.deadlines_for(model), tools=tools, api=model.api)
+        return config.request(key, model, messages, params=params, tools=tools)
     except ValueError as exc:  # StreamRequest's own checks: the client's input
         raise bad(str(exc)) from None
 

@@ -25,6 +25,7 @@ from ..net.transport import make_client
 from ..request import Endpoint
 from .errors import ApiError
 from .keys import ServiceKeys
+from .listing import ASK_SECONDS, EndpointModels
 from .reading import Readers
 from .replica import default_replica, new_fanout_id
 
@@ -95,6 +96,7 @@ class Service:
     resolved: the embedded upstream is started by whoever built the service),
     ``client`` (one ``httpx.AsyncClient`` for every fan-out), ``keys`` (the
     client tokens; empty: none needed).  ``fanouts`` are the running ones by id.
+    ``endpoint_models``: the endpoint's own model list (``listing``).
     ``replica`` names this process among replicas (``replica``, else ``[serve]
     replica``, else the host name and ``[serve] port`` until ``bound`` says the
     real port).
@@ -107,6 +109,11 @@ class Service:
         self.endpoint = endpoint
         self.client = client
         self.keys = keys or ServiceKeys()
+        #: The endpoint's own ``GET /models``, asked when first needed (not the embedded
+        #: upstream's: its models are the config's).
+        self.endpoint_models = EndpointModels(
+            endpoint, client, ask=not config.embedded,
+            connect_timeout=config.deadlines.connect or ASK_SECONDS)
         if replica is not None and not REPLICA_NAME.match(replica):
             raise ValueError(f"replica: {replica!r} is not 1 to 63 letters, digits, _ or -")
         self._named = replica or config.serve.replica

@@ -580,7 +580,7 @@ def parse_responses_request(body: bytes, headers: Mapping[str, str]) -> ChatRequ
         **common, messages=tuple(messages), n=1,
         max_tokens=_max(data, "max_output_tokens", required=False), tools=tuple(tools),
         tool_choice=choice, seed=None, api_key=_bearer(headers.get("authorization")),
-        api="responses")
+        api="responses", body=data)
 
 
 def parse_messages_request(body: bytes, headers: Mapping[str, str]) -> ChatRequest:
@@ -628,7 +628,8 @@ def parse_messages_request(body: bytes, headers: Mapping[str, str]) -> ChatReque
     return ChatRequest(
         **common, messages=tuple(messages), n=1,
         max_tokens=_max(data, "max_tokens", required=True), tools=tuple(tools),
-        tool_choice=choice, seed=None, api_key=sent.strip() if sent else None, api="anthropic")
+        tool_choice=choice, seed=None, api_key=sent.strip() if sent else None, api="anthropic",
+        body=data)
 
 
 # ---------------------------------------------------------------- replay in a dialect

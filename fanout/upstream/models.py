@@ -789,6 +789,22 @@ def _echo_headers(key: str) -> tuple[tuple[str, str], ...]:
             ("x-echo", key))
 
 
+def _echo_request(request: ChatRequest, context: Context) -> Plan:
+    """``mock/echo-request``: the JSON body the request arrived with (keys sorted, no
+    spaces) as the answer's text, whatever it asks for (tools, ``tool_choice``,
+    ``max_tokens``): what a client sent, seen from the other side."""
+    text = json.dumps(request.body, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    answers = []
+    for index in range(request.n):
+        rng = rng_for(request.seed, request.name, request.prompt, index)
+        answers.append(_Choice(parts=[("content", piece) for piece in cut(rng, text)]))
+    if not request.stream:
+        return _completion(request, answers)
+    return Plan(200, SSE_HEADERS, steps=_stream(request, answers, _own_pauses(request, context,
+                                                                                0.0)),
+                fragment=request.fragment)
+
+
 def _echo_key(request: ChatRequest, context: Context) -> Plan:
     """``fault/echo-key:WHERE``: the request's bearer token sent back, at WHERE."""
     key = request.api_key or ECHO_MARKER
@@ -1201,6 +1217,8 @@ SCRIPTED_MODELS: dict[str, ModelSpec] = {spec.id: spec for spec in [
     ModelSpec("mock/fast", "text as fast as the socket takes it", _scripted("text")),
     ModelSpec("mock/slow", "text at 20-60 ms a token", _scripted("text", (0.02, 0.06))),
     ModelSpec("mock/echo", "repeats the last user message", _scripted("echo")),
+    ModelSpec("mock/echo-request", "answers with the JSON body it received (keys sorted)",
+              _echo_request),
     ModelSpec("mock/reasoning", "reasoning deltas first, then the answer",
               _scripted("reasoning")),
     ModelSpec("mock/refusal", "refuses: refusal deltas, no content", _scripted("refusal")),

@@ -170,6 +170,8 @@ class ChatRequest:
     api_key: str | None = attrs.field(default=None, repr=False)
     #: The route it came by: "chat", "responses" (/v1/responses) or "anthropic" (/v1/messages).
     api: str = "chat"
+    #: The JSON body as it arrived (``mock/echo-request`` sends it back).
+    body: Mapping[str, Any] = attrs.field(factory=dict, eq=False, repr=False)
 
     @property
     def prompt(self) -> str:
@@ -265,6 +267,7 @@ def parse_chat_request(body: bytes, headers: Mapping[str, str]) -> ChatRequest:
         delay=_header_float(headers, "x-fanout-delay"),
         retry_after=_header_float(headers, "x-fanout-retry-after") or 1.0,
         api_key=_bearer(headers.get("authorization")),
+        body=data,
     )
 
 

@@ -44,7 +44,7 @@ from .plans import (
     parse_chat_request,
 )
 
-__all__ = ["RunningUpstream", "UpstreamStats", "open_upstream", "serve_upstream"]
+__all__ = ["MODELS_FAULTS", "RunningUpstream", "UpstreamStats", "open_upstream", "serve_upstream"]
 
 MAX_REQUEST_BODY = 16 * 1024 * 1024
 # Pauses this long or longer watch the socket, so a client that leaves is noticed at once.
@@ -125,11 +125,20 @@ class RunningUpstream:
         return f"http://{host}:{self.port}/v1"
 
 
+#: ``models_fault``: how ``GET /v1/models`` fails, as real endpoints' do.
+MODELS_FAULTS = {
+    "404": "no such route (a relay that lists no models)",
+    "401": "401 invalid_api_key, whatever key was sent (a key that may chat but not list)",
+    "hang": "reads the request and never answers",
+}
+
+
 @attrs.define
 class _Upstream:
     key: str | None
     fragment: str
     context: Context
+    models_fault: str | None = None
     stats: UpstreamStats = attrs.Factory(UpstreamStats)
     started: int = attrs.Factory(lambda: int(time.time()))
 
@@ -148,6 +157,13 @@ class _Upstream:
             # Never echo what was sent: it may be someone's real key.
             return error_plan(401, "Incorrect API key provided.", "invalid_request_error",
                               code="invalid_api_key")
+        if path == "/v1/models" and self.models_fault is not None:
+            if self.models_fault == "hang":
+                return Plan(200, raw=True, steps=[Hang()])
+            if self.models_fault == "401":
+                return error_plan(401, "Incorrect API key provided.", "invalid_request_error",
+                                  code="invalid_api_key")
+            return error_plan(404, f"No route for {method} {path}.", "invalid_request_error")
         if path == "/v1/models":
             if method != "GET":
                 return error_plan(405, f"{method} is not allowed on {path}.",
@@ -437,6 +453,7 @@ async def serve_upstream(
     cadence: float | None = None,
     fragment: str = "auto",
     captures: Sequence[Path] = (PACKAGED_CAPTURES,),
+    models_fault: str | None = None,
     task_status: trio.TaskStatus[RunningUpstream] = trio.TASK_STATUS_IGNORED,
 ) -> NoReturn:
     """Serve the embedded upstream until cancelled: ``POST /v1/chat/completions``,
@@ -446,14 +463,20 @@ async def serve_upstream(
     ``/v1/messages``), 401 otherwise.
     ``cadence``: seconds between chunks for every model (default: each
     model's own).  ``fragment``: the default fragmenting mode.  ``captures``:
-    directories whose captures are served as ``replay/<name>``.
+    directories whose captures are served as ``replay/<name>``.  ``models_fault``:
+    how ``GET /v1/models`` fails instead of listing the models (``MODELS_FAULTS``:
+    ``"404"``, ``"401"``, ``"hang"``); the model routes are unchanged.
     ``task_status.started`` receives the ``RunningUpstream`` (its port is the
     bound one when ``port`` is 0; its ``stats`` count connections and requests
     live).
     """
     Fragmenter(fragment)  # fail now on a bad mode, not on the first request
+    if models_fault is not None and models_fault not in MODELS_FAULTS:
+        raise ValueError(f"models_fault: {models_fault!r} is not one of "
+                         f"{', '.join(MODELS_FAULTS)}")
     upstream = _Upstream(key, fragment, Context(cadence=cadence,
-                                                captures=find_captures(captures)))
+                                                captures=find_captures(captures)),
+                         models_fault)
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound = listeners[0].socket.getsockname()
     task_status.started(RunningUpstream(host, bound[1], upstream.stats, upstream.context))

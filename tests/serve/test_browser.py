@@ -3,7 +3,9 @@
 ``fanout serve`` runs on loopback against the embedded upstream; the test loads
 the page, runs a prompt against four models (one a fault), watches the columns
 stream, checks every final status and finish reason, stops a second run
-mid-stream, and sends markup that must stay text.  A screenshot of the first
+mid-stream, and sends markup that must stay text.  With no config on a real endpoint
+(``fanout mock --key`` through ``OPENAI_BASE_URL``), the page offers the endpoint's
+models and runs a typed id; without the endpoint's list, it says why.  A screenshot of the first
 run is written to ``$FANOUT_SCREENSHOT`` (default: the test's tmp dir; the
 path is printed).  ``make browser`` installs chromium (Playwright's own
 browser download is never used).
@@ -276,3 +278,103 @@ def test_with_service_keys_the_browser_asks_once_and_the_page_works(
     finally:
         process.terminate()
         process.communicate(timeout=15)
+
+
+@pytest.fixture
+def real_endpoint(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """``fanout serve`` with no config file, only ``OPENAI_BASE_URL`` and a key, in front
+    of ``fanout mock --key`` (``--models-fault`` from the test's parameter, if any)."""
+    key = "sk-browser-endpoint-3f9d"
+    fault = getattr(request, "param", None)
+    mock = subprocess.Popen([sys.executable, "-m", "fanout.cli.main", "mock", "--key", key,
+                             *(["--models-fault", fault] if fault else [])],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            cwd=ROOT)
+    serve = None
+    try:
+        assert mock.stdout is not None
+        environ = {**os.environ, "OPENAI_BASE_URL": mock.stdout.readline().strip(),
+                   "OPENAI_API_KEY": key, "PYTHONPATH": str(ROOT)}
+        serve = subprocess.Popen([sys.executable, "-m", "fanout.cli.main", "serve", "--port",
+                                  "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, cwd=tmp_path, env=environ)
+        assert serve.stdout is not None
+        yield serve.stdout.readline().strip()
+    finally:
+        for process in (serve, mock):
+            if process is not None:
+                process.terminate()
+                process.communicate(timeout=15)
+
+
+def open_page(playwright: Any, url: str) -> tuple[Any, Any, list[str]]:
+    browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+    page = browser.new_page(viewport={"width": 1400, "height": 1100})
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.on("console", lambda message: errors.append(message.text)
+            if message.type == "error" else None)
+    page.goto(url)
+    return browser, page, errors
+
+
+def test_with_no_config_the_page_offers_the_endpoints_models_and_any_typed_id(
+        real_endpoint: str) -> None:
+    with sync_api.sync_playwright() as playwright:
+        browser, page, errors = open_page(playwright, real_endpoint)
+        try:
+            page.wait_for_selector("#listed-models input[type=checkbox]")
+            listed = [b.get_attribute("value") for b in
+                      page.query_selector_all("#listed-models input[type=checkbox]")]
+            assert {"mock/echo", "mock/slow", "fault/truncate"} <= set(listed)
+            assert page.locator("#listed").evaluate("d => d.open")  # no config: shown
+            assert "more models the endpoint lists" in (
+                page.locator("#listed-summary").text_content() or "")
+            assert page.locator("#configured input").count() == 0
+            assert not page.locator("#models-note").is_visible()  # nothing to explain
+            assert page.locator("#model-ids option[value='mock/echo']").count() == 1
+            # An id the endpoint does not list (an argument of its own), typed and run.
+            page.fill("#model-id", "mock/slow:0.02")
+            page.press("#model-id", "Enter")  # adds it, checked; does not run
+            assert page.locator("body[data-run]").count() == 0
+            added = page.locator("#added input[value='mock/slow:0.02']")
+            assert added.is_checked()
+            page.check("#listed-models input[value='mock/echo']")
+            page.fill("#prompt", "Tell me about rivers.")
+            page.press("#prompt", "Control+Enter")
+            page.wait_for_function(
+                "() => (document.querySelector('.column[data-stream=\"mock/slow:0.02\"] "
+                ".text') || {}).textContent?.length > 10", timeout=10_000)
+            wait_finished(page)
+            for stream in ("mock/slow:0.02", "mock/echo"):
+                assert column(page, stream).get_attribute("data-status") == "completed"
+            assert column(page, "mock/echo").locator(".text").text_content() == (
+                "Tell me about rivers.")
+            assert errors == []
+        finally:
+            browser.close()
+
+
+@pytest.mark.parametrize("real_endpoint", ["404"], indirect=True)
+def test_without_the_endpoints_list_the_page_says_why_and_a_typed_id_runs(
+        real_endpoint: str) -> None:
+    with sync_api.sync_playwright() as playwright:
+        browser, page, errors = open_page(playwright, real_endpoint)
+        try:
+            page.wait_for_function(
+                "() => document.getElementById('models-note').textContent.includes('404')")
+            note = page.locator("#models-note").text_content() or ""
+            assert note.startswith("the endpoint's model list is missing: ")
+            assert "answered 404" in note and note.endswith("; type any model id")
+            assert "sk-browser-endpoint" not in note
+            assert page.locator("#models input[type=checkbox]").count() == 0
+            page.fill("#model-id", "mock/echo")
+            page.click("#add-model")
+            page.fill("#prompt", "no list")
+            page.click("#run")
+            wait_finished(page, 10)
+            assert column(page, "mock/echo").get_attribute("data-status") == "completed"
+            assert column(page, "mock/echo").locator(".text").text_content() == "no list"
+            assert errors == []
+        finally:
+            browser.close()

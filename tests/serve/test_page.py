@@ -83,6 +83,10 @@ async def test_models_and_health(served: Served) -> None:
     assert models["object"] == "list"
     first = models["data"][0]
     assert first == {"id": "fast", "object": "model", "owned_by": "fanout",
-                     "upstream_id": "mock/fast", "api": "chat", "default": True}
+                     "upstream_id": "mock/fast", "api": "chat", "default": True,
+                     "source": "config"}
+    # The embedded upstream is not asked: its models are the config's.
+    assert models["endpoint_list"] == {"asked": False, "models": 0, "error": None}
+    assert {m["source"] for m in models["data"]} == {"config"}
     assert [m["id"] for m in models["data"] if m["default"]] == ["fast", "echo"]
     assert health == {"status": "ok"}

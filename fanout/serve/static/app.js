@@ -540,38 +540,93 @@
     }
 
     async loadModels() {
-      const box = $("models");
       const note = $("models-note");
-      let list;
+      let body;
       try {
         const response = await fetch("/v1/models");
         if (!response.ok) {
-          note.textContent = await errorText(response);
+          note.textContent = `${await errorText(response)}; type any model id`;
           return;
         }
-        list = (await response.json()).data || [];
+        body = await response.json();
       } catch (error) {
-        note.textContent = `could not load the models: ${error.message}`;
+        note.textContent = `could not load the models: ${error.message}; type any model id`;
         return;
       }
-      note.remove();
-      const anyDefault = list.some((m) => m.default);
-      list.forEach((model, index) => {
-        const label = el("label", "model");
-        const check = el("input");
-        check.type = "checkbox";
-        check.value = model.id;
-        check.checked = anyDefault ? Boolean(model.default) : index < 4;
-        label.append(check, el("span", "model-name", model.id),
-                     el("span", "model-id", dialectLabel(model.api, model.upstream_id)));
-        box.append(label);
+      const list = body.data || [];
+      // The config's models first (the [compare] ones checked), then the ones the
+      // endpoint's GET /models lists (none checked); any other id can be typed.
+      const configured = list.filter((m) => m.source !== "endpoint");
+      const listed = list.filter((m) => m.source === "endpoint");
+      const anyDefault = configured.some((m) => m.default);
+      configured.forEach((model, index) => {
+        $("configured").append(
+          this.modelBox(model, anyDefault ? Boolean(model.default) : index < 4));
       });
+      const options = $("model-ids");
+      for (const model of list) {
+        const option = el("option");
+        option.value = model.id;
+        options.append(option);
+      }
+      if (listed.length) {
+        for (const model of listed) $("listed-models").append(this.modelBox(model, false));
+        $("listed-summary").textContent =
+          `${listed.length} more model${listed.length === 1 ? "" : "s"} the endpoint lists`;
+        $("listed").open = configured.length === 0;
+        $("listed").hidden = false;
+      }
+      const problem = body.endpoint_list && body.endpoint_list.error;
+      if (problem) {
+        note.textContent = `the endpoint's model list is missing: ${problem}; type any model id`;
+      } else if (!list.length) {
+        note.textContent = "no models configured or listed: type any model id";
+      } else {
+        note.textContent = "";
+        note.hidden = true;
+      }
       $("service").textContent = `${list.length} models`;
     }
 
+    modelBox(model, checked) {
+      const label = el("label", "model");
+      const check = el("input");
+      check.type = "checkbox";
+      check.value = model.id;
+      check.checked = checked;
+      label.append(check, el("span", "model-name", model.id));
+      if (model.upstream_id !== undefined && model.upstream_id !== model.id) {
+        label.append(el("span", "model-id", dialectLabel(model.api, model.upstream_id)));
+      } else if (model.api && model.api !== "chat") {
+        label.append(el("span", "model-id", dialectLabel(model.api, model.upstream_id)));
+      }
+      return label;
+    }
+
+    // A typed model id: checked, in the list once (an id already offered is checked).
+    addModel() {
+      const input = $("model-id");
+      const id = input.value.trim();
+      if (!id) return;
+      const box = this.boxes().find((b) => b.value === id);
+      if (box) {
+        box.checked = true;
+      } else {
+        $("added").append(this.modelBox({ id }, true));
+      }
+      input.value = "";
+      this.setStatus("");
+    }
+
+    boxes() {
+      return [...document.querySelectorAll("#models input[type=checkbox]")];
+    }
+
     selected() {
-      return [...document.querySelectorAll("#models input[type=checkbox]")]
-        .filter((box) => box.checked).map((box) => box.value);
+      // A typed id not yet added is run too.
+      const typed = $("model-id").value.trim();
+      if (typed) this.addModel();
+      return [...new Set(this.boxes().filter((box) => box.checked).map((box) => box.value))];
     }
 
     start() {
@@ -583,7 +638,7 @@
         return;
       }
       if (!models.length) {
-        this.setStatus("pick at least one model");
+        this.setStatus("pick at least one model, or type a model id");
         return;
       }
       const messages = [];
@@ -656,6 +711,13 @@
       page.start();
     });
     $("stop").addEventListener("click", () => { if (page.run) page.run.stop(); });
+    $("add-model").addEventListener("click", () => page.addModel());
+    $("model-id").addEventListener("keydown", (event) => {
+      if (event.key === "Enter" && !event.ctrlKey && !event.metaKey) {
+        event.preventDefault(); // adds the id; it does not run
+        page.addModel();
+      }
+    });
     document.addEventListener("keydown", (event) => {
       if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
         event.preventDefault();
