@@ -142,6 +142,7 @@ class Tally:
     judge_refused: int = 0
     judge_cut: int = 0  # judge streams the server cut while others ran, asked again at once
     judge_cost: float = 0.0
+    judge_cost_known: int = 0  # judge streams whose cost is known (judge_cost is theirs)
     judge_cost_unknown: int = 0
 
     @property
@@ -161,10 +162,12 @@ class Tally:
         if self.judge_cut:
             line += f", {self.judge_cut} judge stream{'s' if self.judge_cut != 1 else ''} cut " \
                     "by the server and asked again"
-        if self.judge_cost or self.judge_cost_unknown:
+        if self.judge_cost_known and self.judge_cost_unknown:
+            line += f"; judge cost ${self.judge_cost:.6f} (+{self.judge_cost_unknown} unknown)"
+        elif self.judge_cost_known:
             line += f"; judge cost ${self.judge_cost:.6f}"
-            if self.judge_cost_unknown:
-                line += f" (+{self.judge_cost_unknown} unknown)"
+        elif self.judge_cost_unknown:  # no cost known at all: `-`, as `fanout report` says
+            line += f"; judge cost - ({self.judge_cost_unknown} unknown)"
         return line
 
 
@@ -449,6 +452,7 @@ class Scoring:
             tally.judge_cost_unknown += 1
         else:
             tally.judge_cost += cost
+            tally.judge_cost_known += 1
         if self.budget is not None:
             self.budget.observe(job.key, model.name, {"usage": usage, "cost": cost,
                                                        "cost_source": source})

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +64,48 @@ def test_the_issues_typos(argv: list[str], meant: str,
     assert err.startswith(f"usage: fanout {argv[0]} ")
     assert err.splitlines()[-1].endswith(f"(did you mean {meant}?)")
     assert "COMMAND ..." not in err  # not the top level's usage
+
+
+# -- a judge cost no one knows --------------------------------------------------------------
+
+UNPRICED = """
+[endpoint]
+base_url = "embedded"
+
+[[models]]
+name = "echo"
+id = "mock/echo"
+
+[[models]]
+name = "judge"
+id = "mock/judge"
+{price}
+
+[[scorers]]
+name = "judged"
+kind = "judge"
+model = "judge"
+"""
+
+
+def _prompts(path: Path, count: int) -> str:
+    path.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"answer {i}",
+                                        "expected": f"answer {i}"}) + "\n"
+                            for i in range(count)))
+    return str(path)
+
+
+@pytest.mark.parametrize(("price", "cost"), [
+    ("", "; judge cost - (3 unknown)"),
+    ("price = { input = 1.0, output = 4.0 }", "; judge cost $0.0")])
+def test_an_unknown_judge_cost_is_a_dash_as_report_says(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], price: str, cost: str) -> None:
+    config = tmp_path / "fanout.toml"
+    config.write_text(UNPRICED.format(price=price))
+    status = main(["batch", _prompts(tmp_path / "p.jsonl", 3), "-m", "echo", "-o",
+                   str(tmp_path / "r.jsonl"),
+                   "--config", str(config), "--score", "judged"])
+    out = capsys.readouterr().out
+    assert status == 0
+    line = next(line for line in out.splitlines() if line.startswith("judged: "))
+    assert cost in line and "$0.000000" not in line, line
