@@ -135,10 +135,11 @@ def test_batch_takes_any_model_id_of_a_real_endpoint(mock: str, tmp_path: Path) 
                        stdout=out, stderr=err, environ={"MY_KEY": KEY})
     assert status == 0, err.getvalue()
     lines = [json.loads(line) for line in output.read_text().splitlines()]
-    # mock/echo is the id of the config's "named": its name, params and price.
-    assert sorted((r["model"], r["outcome"]) for r in lines) == [
-        ("mock/fast", "completed"), ("mock/fast", "completed"),
-        ("named", "completed"), ("named", "completed")]
+    # mock/echo is the id of the config's "named": its params and price, under the name
+    # typed (what a person greps the results for).
+    assert sorted((r["model"], r["outcome"], r["cost"] is not None) for r in lines) == [
+        ("mock/echo", "completed", True), ("mock/echo", "completed", True),
+        ("mock/fast", "completed", False), ("mock/fast", "completed", False)]
 
 
 # -- fanout models --------------------------------------------------------------------------

@@ -109,3 +109,29 @@ def test_an_unknown_judge_cost_is_a_dash_as_report_says(
     assert status == 0
     line = next(line for line in out.splitlines() if line.startswith("judged: "))
     assert cost in line and "$0.000000" not in line, line
+
+
+# -- a model id is shown as typed -----------------------------------------------------------
+
+def test_a_model_id_is_shown_and_recorded_as_typed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)  # the packaged default: fault/truncate is its "flaky"'s id
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    assert main(["compare", "hi", "-m", "fast", "-m", "fault/truncate"]) == 1
+    shown = capsys.readouterr()
+    assert "fanout compare: fault/truncate: truncated: " in shown.err
+    assert "== fault/truncate" in shown.out
+    assert "flaky" not in shown.out + shown.err
+    results = tmp_path / "r.jsonl"
+    main(["batch", _prompts(tmp_path / "p.jsonl", 2), "-m", "fault/truncate", "-m", "fast",
+          "-o", str(results)])
+    shown = capsys.readouterr()
+    records = [json.loads(line) for line in results.read_text().splitlines()]
+    assert {r["model"] for r in records} == {"fault/truncate", "fast"}
+    assert any(line.split()[:1] == ["fault/truncate"] for line in shown.out.splitlines())
+    assert "flaky" not in shown.out + shown.err
+    # the same entry twice, by its name and its id, is asked for twice
+    assert main(["compare", "hi", "-m", "flaky", "-m", "fault/truncate"]) == 2
+    assert capsys.readouterr().err == ("fanout compare: model 'fault/truncate' is asked for "
+                                       "twice (it is 'flaky')\n")
