@@ -346,7 +346,8 @@ class Config:
         else:
             key = env.get("OPENAI_API_KEY") or None
         return Endpoint(base_url, key, dict(self.headers),
-                        require_finish_reason=self.require_finish_reason, api=self.api)
+                        require_finish_reason=self.require_finish_reason, api=self.api,
+                        key_env=(self.api_key_env or "OPENAI_API_KEY") if key else None)
 
 
 def find_config(explicit: str | os.PathLike[str] | None = None,

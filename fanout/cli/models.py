@@ -22,7 +22,7 @@ import trio
 from .._exceptions import ConfigError
 from ..config import load_config
 from ..core.chat import error_from_response
-from ..net.stream import base_url_hint, connect_failure, public_url
+from ..net.stream import base_url_hint, connect_failure, key_refused, public_url
 from ..net.transport import make_client
 from ..request import Endpoint
 from .common import only as _only
@@ -140,6 +140,8 @@ def _refusal(endpoint: Endpoint, url: str, status: int, text: str) -> str:
     if status in (401, 403) and not endpoint.api_key:
         return f"HTTP {status}: no API key was sent: set OPENAI_API_KEY or [endpoint] " \
                f"api_key_env{said}"
+    if status == 401:
+        return f"HTTP 401: {key_refused(endpoint)}{said}"
     if status == 404:
         advice = base_url_hint(endpoint.base_url)
         hint = f"; is base_url right?{advice}" if advice else ""

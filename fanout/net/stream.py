@@ -557,13 +557,16 @@ class StreamRunner:
 
     def _explain(self, error: StreamError) -> StreamError:
         """What an HTTP error means for the first hour with an endpoint, said first (the
-        server's own words after it): a 401/403 when no key was sent; a 404 that names
+        server's own words after it): a 401/403 when no key was sent, a 401 when the key
+        sent was refused (``key_refused``); a 404 that names
         the model (the endpoint does not know it), or else no such route at all (the
         base URL is wrong: most need ``/v1``)."""
         status = error.status
         said = _server_said(error.message, status)
         if status in (401, 403) and not self.endpoint.api_key:
             message = f"no API key was sent: set OPENAI_API_KEY or [endpoint] api_key_env{said}"
+        elif status == 401:
+            message = key_refused(self.endpoint) + said
         elif status == 404 and _names_model(error, self.request.model):
             if not _NOT_KNOWN.search(error.message):
                 return error  # about the model, but not that it is unknown: its own words
@@ -872,6 +875,17 @@ def connect_failure(exc: httpx.TransportError, base_url: str) -> str:
     """One line for a request to ``base_url`` that got no answer: the words a stream's
     result uses (``cannot connect to ...`` when nothing is there)."""
     return _transport_error(exc, answered=False, base_url=base_url).message
+
+
+def key_refused(endpoint: Endpoint) -> str:
+    """What a 401 to a key that was sent means, and what to check: where the key came
+    from and where it went (never the key)."""
+    where = public_url(endpoint.base_url)
+    if endpoint.key_env is None:
+        return (f"the key sent to {where} was refused: check that it is valid for this "
+                "endpoint and not expired")
+    return (f"the key in {endpoint.key_env} was sent to {where} and refused: check that it "
+            "is valid for this endpoint, not expired, and the right variable")
 
 
 def public_url(url: str) -> str:

@@ -8,11 +8,16 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from fanout.cli.main import _parser, main
+
+COMMAND = [sys.executable, "-m", "fanout.cli.main"]
 
 # -- a typo'd option ------------------------------------------------------------------------
 
@@ -135,3 +140,52 @@ def test_a_model_id_is_shown_and_recorded_as_typed(
     assert main(["compare", "hi", "-m", "flaky", "-m", "fault/truncate"]) == 2
     assert capsys.readouterr().err == ("fanout compare: model 'fault/truncate' is asked for "
                                        "twice (it is 'flaky')\n")
+
+
+# -- a key sent and refused -----------------------------------------------------------------
+
+KEY = "sk-first-hour-RIGHT-31"
+WRONG = "sk-first-hour-WRONG-47"
+
+
+@pytest.fixture(scope="module")
+def keyed() -> Iterator[str]:
+    """`fanout mock --key KEY`: its base URL (ending in /v1)."""
+    process = subprocess.Popen([*COMMAND, "mock", "--key", KEY], stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert process.stdout is not None
+        yield process.stdout.readline().strip()
+    finally:
+        process.kill()
+        process.communicate(timeout=10)
+
+
+def test_a_refused_key_says_where_it_came_from_where_it_went_and_what_to_check(
+        keyed: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OPENAI_BASE_URL", keyed)
+    monkeypatch.setenv("OPENAI_API_KEY", WRONG)
+    assert main(["compare", "hi", "-m", "mock/fast"]) == 1
+    shown = capsys.readouterr()
+    assert shown.err.splitlines()[-1] == (
+        f"fanout compare: mock/fast: error: HTTP 401: the key in OPENAI_API_KEY was sent to "
+        f"{keyed} and refused: check that it is valid for this endpoint, not expired, and the "
+        "right variable (the server said: Incorrect API key provided.)")
+    assert main(["models"]) == 1
+    shown_too = capsys.readouterr()
+    assert shown_too.err == (
+        f"fanout models: HTTP 401: the key in OPENAI_API_KEY was sent to {keyed} and refused: "
+        "check that it is valid for this endpoint, not expired, and the right variable (the "
+        "server said: Incorrect API key provided.)\n")
+    # A config's api_key_env is the variable named.
+    monkeypatch.delenv("OPENAI_BASE_URL")
+    monkeypatch.setenv("RELAY_KEY", WRONG)
+    (tmp_path / "fanout.toml").write_text(
+        f'[endpoint]\nbase_url = "{keyed}"\napi_key_env = "RELAY_KEY"\n')
+    assert main(["compare", "hi", "-m", "mock/fast"]) == 1
+    last = capsys.readouterr()
+    assert f"HTTP 401: the key in RELAY_KEY was sent to {keyed} and refused" in last.err
+    for text in (shown.out, shown.err, shown_too.out, shown_too.err, last.out, last.err):
+        assert WRONG not in text and KEY not in text
