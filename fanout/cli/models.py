@@ -25,8 +25,8 @@ from ..core.chat import error_from_response
 from ..net.stream import base_url_hint, connect_failure, key_refused, public_url
 from ..net.transport import make_client
 from ..request import Endpoint
+from .common import environment_note, open_endpoint
 from .common import only as _only
-from .common import open_endpoint
 from .render import inert
 
 __all__ = ["ModelsOptions", "list_models", "run_models"]
@@ -52,6 +52,9 @@ def run_models(options: ModelsOptions, *, stdout: TextIO | None = None,
     """List the endpoint's models; returns the exit status (see the module docstring)."""
     out = stdout or sys.stdout
     err = stderr or sys.stderr
+    note = environment_note(options.config, environ)
+    if note is not None:
+        print(f"fanout models: {inert(note)}", file=err)
     try:
         config = load_config(options.config, environ=environ)
         endpoint = config.endpoint(environ)

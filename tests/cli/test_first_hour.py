@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -189,3 +190,57 @@ def test_a_refused_key_says_where_it_came_from_where_it_went_and_what_to_check(
     assert f"HTTP 401: the key in RELAY_KEY was sent to {keyed} and refused" in last.err
     for text in (shown.out, shown.err, shown_too.out, shown_too.err, last.out, last.err):
         assert WRONG not in text and KEY not in text
+
+
+# -- OPENAI_BASE_URL over the embedded default ----------------------------------------------
+
+def test_openai_base_url_over_the_embedded_default_is_said_once(
+        keyed: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)  # no fanout.toml: the packaged default, given over
+    monkeypatch.setenv("OPENAI_BASE_URL", keyed)
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    note = (f"using OPENAI_BASE_URL={keyed} from the environment, not the embedded upstream "
+            "(unset it to use the embedded upstream)")
+    prompts = _prompts(tmp_path / "p.jsonl", 1)
+    for command, argv, status in (
+            ("compare", ["compare", "hi", "-m", "mock/fast"], 0),
+            ("batch", ["batch", prompts, "-m", "mock/fast", "-o", str(tmp_path / "r.jsonl")], 0),
+            ("models", ["models"], 0),
+            ("score", ["score", str(tmp_path / "r.jsonl"), "--score", "exact"], 0)):
+        assert main(argv) == status, command
+        err = capsys.readouterr().err
+        wanted = 0 if command == "score" else 1  # score sends nothing without a judge
+        assert err.count(note) == wanted, (command, err)
+        if wanted:
+            assert err.splitlines()[0] == f"fanout {command}: {note}"
+    # Never the user info of the URL; not said with a config file, nor without the variable.
+    port = keyed.split(":")[2].split("/")[0]
+    monkeypatch.setenv("OPENAI_BASE_URL", f"http://me:pw-secret-5@127.0.0.1:{port}/v1")
+    main(["compare", "hi", "-m", "mock/fast"])
+    err = capsys.readouterr().err
+    assert f"using OPENAI_BASE_URL=http://127.0.0.1:{port}/v1 from the environment" in err
+    assert "pw-secret-5" not in err
+    (tmp_path / "fanout.toml").write_text(f'[endpoint]\nbase_url = "{keyed}"\n')
+    assert main(["compare", "hi", "-m", "mock/fast"]) == 0
+    assert "using OPENAI_BASE_URL" not in capsys.readouterr().err
+    (tmp_path / "fanout.toml").unlink()
+    monkeypatch.delenv("OPENAI_BASE_URL")
+    assert main(["compare", "hi", "-m", "mock/fast"]) == 0
+    assert "OPENAI_BASE_URL" not in capsys.readouterr().err
+
+
+def test_serve_says_openai_base_url_took_the_embedded_defaults_place(
+        keyed: str, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}
+    process = subprocess.Popen([*COMMAND, "serve", "--port", "0"], cwd=tmp_path,
+                               env={**env, "OPENAI_BASE_URL": keyed}, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None and process.stdout.readline().startswith("http")
+    finally:
+        process.terminate()
+        _, err = process.communicate(timeout=30)
+    assert err.splitlines()[0] == (f"fanout serve: using OPENAI_BASE_URL={keyed} from the "
+                                   "environment, not the embedded upstream (unset it to use "
+                                   "the embedded upstream)")
