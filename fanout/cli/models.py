@@ -147,7 +147,7 @@ def _refusal(endpoint: Endpoint, url: str, status: int, text: str) -> str:
         return f"HTTP 401: {key_refused(endpoint)}{said}"
     if status == 404:
         advice = base_url_hint(endpoint.base_url)
-        hint = f"; is base_url right?{advice}" if advice else ""
+        hint = f"; {advice}" if advice else ""
         return (f"{public_url(url)} answered 404: the endpoint has no /models route, so it "
                 f"cannot list its models (-m still takes any id it serves){hint}")
     return f"HTTP {status}{said or ' from ' + public_url(url)}"

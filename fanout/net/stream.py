@@ -573,8 +573,8 @@ class StreamRunner:
             message = (f"the endpoint does not know model {self.request.model!r}; "
                        f"`fanout models` lists what it offers{said}")
         elif status == 404:
-            message = (f"{public_url(self.url)} answered 404: no such route; is base_url "
-                       f"right?{base_url_hint(self.endpoint.base_url)}")
+            message = (f"{public_url(self.url)} answered 404: {NO_SUCH_ROUTE}; "
+                       f"{base_url_hint(self.endpoint.base_url) or 'is base_url right?'}")
         else:
             return error
         return attrs.evolve(error, message=message)
@@ -905,15 +905,19 @@ def public_url(url: str) -> str:
 _ROUTES = ("/chat/completions", "/responses", "/messages", "/models")
 
 
+#: What a 404 for no route says (the batch summary's advice follows it: fix the base URL).
+NO_SUCH_ROUTE = "no such route"
+
+
 def base_url_hint(base_url: str) -> str:
-    """The advice after a 404 on a route of ``base_url`` (starting with a space), or ``""``:
-    a base URL holding a route already gets the route added again, one without ``/v1``
-    misses what OpenAI-compatible servers expect."""
+    """The one diagnosis for a 404 on a route of ``base_url``, or ``""`` when there is none
+    to make: a base URL holding a route already gets the route added again; one without
+    ``/v1`` misses what OpenAI-compatible servers expect (try it with ``/v1``)."""
     path = public_url(base_url)
     route = next((r for r in _ROUTES if path.endswith(r)), None)
     if route is not None:
-        return f" leave {route} out of base_url (fanout adds the route; it ends with /v1)"
-    return "" if path.endswith("/v1") else " OpenAI-compatible servers usually end it with /v1"
+        return f"leave {route} out of base_url (fanout adds the route; it ends with /v1)"
+    return "" if path.endswith("/v1") else f"the base URL probably needs /v1: try {path}/v1"
 
 
 #: A 404 about the model saying the endpoint does not know it (OpenAI, vLLM, Ollama, ...).

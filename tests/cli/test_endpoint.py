@@ -179,8 +179,7 @@ def test_models_without_the_route_says_so(not_found: str, tmp_path: Path) -> Non
                    "serves)\n")
     root = not_found.removesuffix("/v1")
     status, _, err = models(relay(tmp_path, root), {"MY_KEY": KEY})
-    assert status == 1 and err.endswith("; is base_url right? OpenAI-compatible servers "
-                                        "usually end it with /v1\n")
+    assert status == 1 and err.endswith(f"; the base URL probably needs /v1: try {root}/v1\n")
 
 
 def test_models_with_nothing_listening_says_run_again_once_it_is(tmp_path: Path) -> None:
@@ -197,8 +196,8 @@ def test_compare_on_a_wrong_base_url_names_the_route(not_found: str, tmp_path: P
     status, _, err = compare(relay(tmp_path, root), "gpt-4o", environ={"MY_KEY": KEY})
     assert status == 1
     assert err.strip() == (f"fanout compare: gpt-4o: error: HTTP 404: {root}/chat/completions "
-                           "answered 404: no such route; is base_url right? OpenAI-compatible "
-                           "servers usually end it with /v1")
+                           f"answered 404: no such route; the base URL probably needs /v1: "
+                           f"try {root}/v1")
 
 
 # -- fanout init ----------------------------------------------------------------------------

@@ -244,3 +244,28 @@ def test_serve_says_openai_base_url_took_the_embedded_defaults_place(
     assert err.splitlines()[0] == (f"fanout serve: using OPENAI_BASE_URL={keyed} from the "
                                    "environment, not the embedded upstream (unset it to use "
                                    "the embedded upstream)")
+
+
+# -- a base URL without /v1 -----------------------------------------------------------------
+
+def test_batch_on_a_base_url_without_v1_gives_one_diagnosis(
+        keyed: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    root = keyed.removesuffix("/v1")
+    config = tmp_path / "relay.toml"
+    config.write_text(f'[endpoint]\nbase_url = "{root}"\n')
+    status = main(["batch", _prompts(tmp_path / "p.jsonl", 2), "-m", "mock/fast", "-o",
+                   str(tmp_path / "r.jsonl"), "--config", str(config)])
+    shown = capsys.readouterr()
+    assert status == 1
+    said = [line for line in (shown.out + shown.err).splitlines() if "404" in line]
+    assert len(said) >= 3, said  # the summary's why, the refused line, the exit line
+    diagnosis = f"the base URL probably needs /v1: try {root}/v1"
+    for line in said:
+        # one diagnosis (the exit line cuts its reason short)
+        assert diagnosis in line or line.endswith("…)"), line
+        assert "is base_url right?" not in line and "usually end it" not in line, line
+        assert "fix the prompt" not in line, line
+    assert any(line.endswith("running again sends them unchanged; fix the base URL")
+               for line in said), said
