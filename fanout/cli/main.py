@@ -265,7 +265,8 @@ def _parser() -> argparse.ArgumentParser:
     init = commands.add_parser(
         "init", help="write a commented starter config for a real endpoint",
         description="Write a commented starter config (the endpoint, where the key comes "
-                    "from, deadlines, two models, a scorer, [batch] models) to PATH. Never "
+                    "from, deadlines, two models: two ids the endpoint's GET /models lists, "
+                    "else placeholders, a scorer, [batch] models) to PATH. Never "
                     "overwrites: anything at PATH (a file, a link) is left as it is. Exit "
                     "status: 0 written, 2 otherwise.")
     init.add_argument("path", metavar="PATH", nargs="?", default="fanout.toml",

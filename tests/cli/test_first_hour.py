@@ -9,6 +9,7 @@ import argparse
 import difflib
 import json
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from fanout.cli.main import _parser, main
+from fanout.config import load_config
+from fanout.upstream import MODELS
 
 COMMAND = [sys.executable, "-m", "fanout.cli.main"]
 
@@ -176,7 +179,7 @@ def test_a_refused_key_says_where_it_came_from_where_it_went_and_what_to_check(
         "right variable (the server said: Incorrect API key provided.)")
     assert main(["models"]) == 1
     shown_too = capsys.readouterr()
-    assert shown_too.err == (
+    assert shown_too.err.splitlines(keepends=True)[-1] == (
         f"fanout models: HTTP 401: the key in OPENAI_API_KEY was sent to {keyed} and refused: "
         "check that it is valid for this endpoint, not expired, and the right variable (the "
         "server said: Incorrect API key provided.)\n")
@@ -269,3 +272,45 @@ def test_batch_on_a_base_url_without_v1_gives_one_diagnosis(
         assert "fix the prompt" not in line, line
     assert any(line.endswith("running again sends them unchanged; fix the base URL")
                for line in said), said
+
+
+# -- fanout init writes the endpoint's own ids ----------------------------------------------
+
+def test_init_writes_the_endpoints_ids_and_its_next_command_runs(
+        keyed: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OPENAI_BASE_URL", keyed)
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    assert main(["init"]) == 0
+    shown = capsys.readouterr()
+    assert shown.err == ""
+    config = load_config(tmp_path / "fanout.toml")
+    ids = [m.id for m in config.models]
+    assert len(ids) == 2 and config.compare == config.batch == tuple(ids)
+    assert set(ids) <= set(MODELS) and not any(i.startswith("fault/") for i in ids)
+    assert "gpt-4o" not in (tmp_path / "fanout.toml").read_text()
+    assert f"wrote fanout.toml: the endpoint {keyed}, {ids[0]} and {ids[1]}" in shown.out
+    # Its next command, as it says it: runs, every stream completed (no 404).
+    nxt = shown.out.rsplit("Next: `", 1)[1].rstrip("`\n")
+    assert nxt == 'fanout compare "hi"'
+    assert main(shlex.split(nxt)[1:]) == 0
+    assert KEY not in capsys.readouterr().err
+
+
+def test_init_says_when_the_ids_are_placeholders_and_what_to_do_first(
+        keyed: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)  # the list is refused: 401
+    assert main(["init", "--base-url", keyed]) == 0
+    shown = capsys.readouterr()
+    assert shown.err == ("fanout init: the endpoint gave no model ids, so the file has "
+                         "placeholders (gpt-4o-mini, gpt-4o) that it may not serve: HTTP 401: "
+                         "no API key was sent: set OPENAI_API_KEY or [endpoint] api_key_env "
+                         "(the server said: Incorrect API key provided.)\n")
+    assert [m.id for m in load_config(tmp_path / "fanout.toml").models] == ["gpt-4o-mini",
+                                                                           "gpt-4o"]
+    # The next thing to do is editing the file, not a command that would 404.
+    assert shown.out.split("Next: ", 1)[1].startswith(
+        "put two of the endpoint's model ids in the file (`fanout models` lists them")
