@@ -224,6 +224,11 @@ class Scoring:
         self._submitting = trio.CancelScope()  # cancelled by stop(): nothing more is sent
         self.queued = 0  # judge requests queued in this run (sent or not)
         self.judged = 0  # judge requests that ended (answered, failed, cancelled, not sent)
+        #: judge requests done: ended with a score (a verdict, or a failure's error score);
+        #: never one cancelled by ``stop`` or not sent (what a progress bar counts as done)
+        self.answered = 0
+        #: judge requests in flight when ``stop`` cancelled them (no score: a rerun asks)
+        self.cancelled_in_flight = 0
         #: ``fsync`` the scores file from ``add`` at least once a second (``fanout score``,
         #: whose pure scorers run outside trio); a batch syncs from its own task instead.
         self.sync_inline = False
@@ -464,6 +469,7 @@ class Scoring:
             # cut by our own stop, not by the judge: no score at all (an error score
             # would count against the answer until a rerun), left for the rerun
             tally.not_judged += 1
+            self.cancelled_in_flight += 1
             self.wake()
             return
         if self._is_cut(model.name, result):
@@ -490,6 +496,7 @@ class Scoring:
             tally.judge_failed += 1
             tally.judge_refused += result.status in REFUSED_STATUSES
             score = job.selected.judge.failed(str(result.outcome), result.reason)
+        self.answered += 1
         self._write(job.selected, job.record, job.answer, score, judge)
         if self.on_budget is not None and self.budget is not None:
             self.on_budget()

@@ -1,6 +1,10 @@
 """The first hour, still (#27 item 11): what a person meets first, said where it happens.
 
-A typo'd option names the subcommand and what was meant; ...
+A typo'd option names the subcommand and what was meant; a judge cost no one knows is
+``-``; a model id is shown and recorded as typed; a refused key says where it came from
+and went; ``OPENAI_BASE_URL`` over the embedded default is said; a base URL without ``/v1``
+gets one diagnosis; ``fanout init`` writes the endpoint's ids; Ctrl-C while judging shows
+the judges done and says what was interrupted.  Upstreams on 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -9,17 +13,21 @@ import argparse
 import difflib
 import json
 import os
+import re
 import shlex
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import trio
 
 from fanout.cli.main import _parser, main
 from fanout.config import load_config
-from fanout.upstream import MODELS
+from fanout.store.scores import scores_path
+from fanout.upstream import MODELS, open_upstream
 
 COMMAND = [sys.executable, "-m", "fanout.cli.main"]
 
@@ -314,3 +322,92 @@ def test_init_says_when_the_ids_are_placeholders_and_what_to_do_first(
     # The next thing to do is editing the file, not a command that would 404.
     assert shown.out.split("Next: ", 1)[1].startswith(
         "put two of the endpoint's model ids in the file (`fanout models` lists them")
+
+
+# -- Ctrl-C while judging -------------------------------------------------------------------
+
+JUDGING = """
+[endpoint]
+base_url = "{base_url}"
+
+[deadlines]
+total = 120
+
+[[models]]
+name = "echo"
+id = "mock/echo"
+
+[[models]]
+name = "judge"
+id = "mock/judge"
+
+[[models]]
+name = "stuck"
+id = "fault/no-response"
+
+[[scorers]]
+name = "judged"
+kind = "judge"
+model = "judge"
+concurrency = 1
+
+[[scorers]]
+name = "stuck-judged"
+kind = "judge"
+model = "stuck"
+concurrency = 1
+"""
+
+#: The child restores Python's SIGINT handler itself: a run started under nohup inherits
+#: SIGINT ignored, and the test's SIGINT would then do nothing.
+_DEFAULT_SIGINT = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler);"
+                   " from fanout.cli.main import main; sys.exit(main(sys.argv[1:]))")
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+async def test_ctrl_c_while_judging_shows_the_judges_done_and_says_they_were_interrupted(
+        tmp_path: Path) -> None:
+    results = tmp_path / "r.jsonl"
+    prompts = _prompts(tmp_path / "p.jsonl", 6)
+    async with open_upstream() as upstream:
+        config = tmp_path / "fanout.toml"
+        config.write_text(JUDGING.format(base_url=upstream.base_url))
+        stats = upstream.stats
+        with trio.fail_after(60):
+            # FORCE_COLOR: the progress bar, as a terminal shows it
+            process = await trio.lowlevel.open_process(
+                [sys.executable, "-c", _DEFAULT_SIGINT, "batch", prompts, "-m", "echo", "-o",
+                 str(results), "--score", "judged", "--score", "stuck-judged", "--config",
+                 str(config)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                env={**os.environ, "FORCE_COLOR": "1", "COLUMNS": "200"})
+            try:
+                target = scores_path(results)
+                # two judged scores written; the stuck judge's request hangs: SIGINT
+                while not (stats.requests.get("fault/no-response", 0) == 1
+                           and target.exists() and target.read_bytes().count(b"\n") >= 2):
+                    assert process.returncode is None
+                    await trio.sleep(0.02)
+                await trio.sleep(0.2)
+                process.send_signal(signal.SIGINT)
+                assert process.stderr is not None
+                err = b""
+                async with process.stderr:
+                    async for chunk in process.stderr:
+                        err += chunk
+                await process.wait()
+            finally:
+                if process.returncode is None:
+                    process.kill()
+    text = _ANSI.sub("", err.decode())
+    assert process.returncode == 130, text
+    assert "Traceback" not in text
+    scored = target.read_bytes().count(b"\n")
+    # The bar's last frame: the 6 answers and the judges that answered, of all to do.
+    frames = re.findall(r"(\d+)/(\d+) .*?judged (\d+)", text)
+    assert frames, text
+    done, total, judged = map(int, frames[-1])
+    assert judged == scored == 2
+    assert done == 6 + scored < total, frames[-1]
+    assert ("fanout batch: interrupted: 1 judge stream was in flight, cancelled without a "
+            "score; run the same command again to finish") in text.splitlines()
+    assert "recorded as cancelled" not in text  # no answer was in flight
