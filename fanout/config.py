@@ -252,19 +252,19 @@ class Config:
         return base_url is not None and base_url != EMBEDDED
 
     def model(self, name: str, *, environ: Mapping[str, str] | None = None) -> ModelConfig:
-        """The model called ``name`` (or, failing that, with id ``name``).
+        """The model called ``name`` (or, failing that, with id ``name``: that entry's
+        settings under the name typed, which is what columns and records show).
 
         Without such an entry: on a real endpoint (``real_endpoint(environ)``), any
         model id, sent as it is (its name is its id; its dialect ``[endpoint] api``);
         on the embedded upstream, any of its model ids; else ``ConfigError`` naming
         the known models (and the closest one).
         """
-        for model in self.models:
-            if model.name == name:
-                return model
-        for model in self.models:
-            if model.id == name:
-                return model
+        entry = self._entry(name)
+        if entry is not None:
+            # Found by its id: shown and recorded as typed (`-m fault/truncate` is
+            # "fault/truncate", never the entry's name), with the entry's settings.
+            return entry if entry.name == name else attrs.evolve(entry, name=name)
         if self.embedded and _is_embedded_model(name):
             return ModelConfig(name=name, id=name, api=self.api)  # any embedded model, ad hoc
         if _AD_HOC_ID.match(name) and self.real_endpoint(environ):
@@ -272,6 +272,11 @@ class Config:
         known = ", ".join(m.name for m in self.models) or "none"
         hint = _did_you_mean(name, [m.name for m in self.models])
         raise ConfigError(f"{self.source}: no model named {_kind(name)}{hint} (known: {known})")
+
+    def _entry(self, name: str) -> ModelConfig | None:
+        """The ``[[models]]`` entry called ``name``, else the first whose id it is."""
+        return next((m for m in self.models if m.name == name), None) or next(
+            (m for m in self.models if m.id == name), None)
 
     def select(self, names: Iterable[str] = (), *, default: Iterable[str] = (),
                environ: Mapping[str, str] | None = None) -> tuple[ModelConfig, ...]:
@@ -284,11 +289,18 @@ class Config:
                                   "id of the endpoint; `fanout models` lists them)")
             raise ConfigError(f"{self.source}: no [[models]] to run")
         chosen: list[ModelConfig] = []
+        entries: list[ModelConfig] = []
         for name in wanted:
             model = self.model(name, environ=environ)
-            if any(c.name == model.name for c in chosen):
-                raise ConfigError(f"model {model.name!r} is asked for twice")
+            entry = self._entry(name)
+            if any(c.name == model.name for c in chosen) or (
+                    entry is not None and any(e is entry for e in entries)):
+                also = f" (it is {entry.name!r})" if entry is not None and \
+                    entry.name != model.name else ""
+                raise ConfigError(f"model {model.name!r} is asked for twice{also}")
             chosen.append(model)
+            if entry is not None:
+                entries.append(entry)
         return tuple(chosen)
 
     def deadlines_for(self, model: ModelConfig) -> Deadlines:
@@ -346,7 +358,8 @@ class Config:
         else:
             key = env.get("OPENAI_API_KEY") or None
         return Endpoint(base_url, key, dict(self.headers),
-                        require_finish_reason=self.require_finish_reason, api=self.api)
+                        require_finish_reason=self.require_finish_reason, api=self.api,
+                        key_env=(self.api_key_env or "OPENAI_API_KEY") if key else None)
 
 
 def find_config(explicit: str | os.PathLike[str] | None = None,

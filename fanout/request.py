@@ -118,6 +118,8 @@ class Endpoint:
     ``no_finish_reason``), where normally ``[DONE]`` without any finish reason
     is a cut stream (``truncated``).
 
+    ``key_env``: where the key came from, named when the endpoint refuses it.
+
     ``api``: the dialect of its streams unless a request says otherwise:
     ``"chat"`` (``POST {base_url}/chat/completions``, the key in
     ``Authorization: Bearer``), ``"responses"`` (``/responses``, the same
@@ -131,6 +133,11 @@ class Endpoint:
     headers: Mapping[str, str] = attrs.field(factory=dict, converter=_str_dict)
     require_finish_reason: bool = attrs.field(default=True, validator=v.instance_of(bool))
     api: str = attrs.field(default="chat", validator=_api)
+    #: The name of the environment variable the key came from (``OPENAI_API_KEY``, or
+    #: what ``[endpoint] api_key_env`` names), for errors to say where to look; never
+    #: the key.  ``None``: the key was given as it is.  Not part of equality.
+    key_env: str | None = attrs.field(default=None, eq=False,
+                                      validator=v.optional(v.instance_of(str)))
 
     def __attrs_post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):

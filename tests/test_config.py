@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import attrs
 import pytest
 
 import fanout.config as config_module
@@ -118,7 +119,8 @@ models = ["b"]
     assert config.max_concurrency == 16 and config.strict
     assert [m.name for m in config.select(default=config.compare)] == ["b"]
     assert [m.name for m in config.select(["a", "b"])] == ["a", "b"]
-    assert config.model("vendor/model-b").name == "b"  # an id works too
+    # an id works too: the entry b, named as typed
+    assert config.model("vendor/model-b") == attrs.evolve(config.model("b"), name="vendor/model-b")
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -208,6 +210,8 @@ def test_unknown_models_list_the_known_ones() -> None:
     assert str(caught.value) == ("cfg.toml: no model named 'alpah' (did you mean 'alpha'?) "
                                  "(known: a, alpha)")
     with pytest.raises(ConfigError, match="model 'a' is asked for twice"):
+        config.select(["a", "a"])
+    with pytest.raises(ConfigError, match=r"model 'mock/fast' is asked for twice \(it is 'a'\)"):
         config.select(["a", "mock/fast"])
     with pytest.raises(ConfigError, match="no model named a string of 300 characters"):
         config.model("x" * 300)
@@ -219,9 +223,12 @@ def test_a_real_endpoint_takes_any_model_id() -> None:
     adhoc = config.model("gpt-4o", environ={})
     assert (adhoc.name, adhoc.id, adhoc.api, adhoc.price, dict(adhoc.params)) == (
         "gpt-4o", "gpt-4o", "chat", None, {})
-    # An entry still adds a name, params, a price and a dialect; found by id too.
+    # An entry still adds a name, params, a price and a dialect; found by id too, and
+    # then named as typed (what columns and records show, what a person greps for).
     assert config.model("a").price is not None
-    assert config.model("vendor/model-a").name == "a"
+    by_id = config.model("vendor/model-a")
+    assert (by_id.name, by_id.id, by_id.price) == ("vendor/model-a", "vendor/model-a",
+                                                   config.model("a").price)
     assert [m.name for m in config.select(["a", "meta-llama/Llama-3.1-8B:free"],
                                           environ={})] == ["a", "meta-llama/Llama-3.1-8B:free"]
     # No id has spaces or control characters: those are still unknown names.

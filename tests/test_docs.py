@@ -296,13 +296,14 @@ def test_the_troubleshooting_errors_are_the_real_ones(tmp_path: Path, relay: str
     lines.append(said(["compare", "hi", "-m", "mock/fast"], {}))
     for line in lines:
         assert line in shown, line
-    # A cut stream, as the embedded quick start shows it: both of flaky's lines.
+    # A cut stream, as the embedded quick start shows it: both of fault/truncate's lines.
     (tmp_path / "fanout.toml").unlink()
     cut = subprocess.run([sys.executable, "-m", "fanout.cli.main", "compare", "hi", "-m", "writer",
                           "-m", "fault/truncate", "-m", "fault/stall:3"], cwd=tmp_path, capture_output=True, text=True,
                          timeout=120, env={k: v for k, v in os.environ.items()
                                            if k not in ("OPENAI_BASE_URL", "OPENAI_API_KEY")})
-    flaky = [line for line in cut.stderr.splitlines() if line.startswith("fanout compare: flaky")]
+    flaky = [line for line in cut.stderr.splitlines()
+             if line.startswith("fanout compare: fault/truncate")]
     assert len(flaky) == 2 and all(line in shown for line in flaky), flaky
 
 

@@ -378,8 +378,7 @@ class _Prepared:
         interrupted = None
         if session.interrupted:
             interrupted = ExitCode.TERMINATED if session.terminated else ExitCode.INTERRUPTED
-            closing.append("interrupted: the streams in flight were recorded as cancelled; "
-                           "run the same command again to finish")
+            closing.append(_interrupted_line(session, scoring))
         budget_stopped = budget is not None and budget.stopped
         if budget is not None and budget.stopped:
             not_sent = sum(len(queue) for queue in session.queues.values())
@@ -410,6 +409,22 @@ class _Prepared:
             elapsed=elapsed, interrupted=interrupted is not None, budget_stopped=budget_stopped,
             write_error=(write_error.strerror or str(write_error)) if write_error else None,
             judges_failed=judges_failed)
+
+
+def _interrupted_line(session: Session, scoring: Scoring | None) -> str:
+    """What Ctrl-C (or SIGTERM) interrupted: the answers in flight (recorded as
+    cancelled), the judges in flight (cancelled, no score), both, or neither."""
+    answers = sum(1 for final in session.finals.values() if final.state == "cancelled")
+    judges = scoring.cancelled_in_flight if scoring is not None else 0
+    said = []
+    if answers:
+        said.append(f"{answers} answer stream{'s were' if answers != 1 else ' was'} in flight, "
+                    "recorded as cancelled with what had arrived")
+    if judges:
+        said.append(f"{judges} judge stream{'s were' if judges != 1 else ' was'} in flight, "
+                    "cancelled without a score")
+    what = " and ".join(said) if said else "no stream was in flight"
+    return f"interrupted: {what}; run the same command again to finish"
 
 
 def _failed_judges(scoring: Scoring, selected: Sequence[Selected], options: BatchOptions

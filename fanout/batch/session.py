@@ -477,7 +477,7 @@ class Session:
         scoring = self.scoring
         if scoring is not None and scoring.judges:
             total += scoring.queued + max(0, total - done) * scoring.judges
-            done += scoring.judged
+            done += scoring.answered  # judged, not cancelled by Ctrl-C nor left unsent
         return done, total
 
     def snapshot(self) -> BatchProgress:
@@ -487,7 +487,7 @@ class Session:
         started = self._started
         return BatchProgress(
             done=done, total=total, counts=dict(self.counts), redone=self.redone,
-            judged=scoring.judged if scoring is not None and scoring.judges else None,
+            judged=scoring.answered if scoring is not None and scoring.judges else None,
             elapsed=trio.current_time() - started if started is not None else 0.0)
 
     async def _progress(self) -> None:

@@ -19,6 +19,7 @@ from typing import final
 
 import attrs
 
+from ..net.stream import NO_SUCH_ROUTE
 from .options import FINAL_STATUSES, ExitCode
 
 __all__ = ["BatchSummary", "Failure", "exit_code", "explain"]
@@ -217,10 +218,11 @@ def not_completed(finals: Mapping[str, Final], total: int, ran: Mapping[str, int
             if reason:
                 reason = cut_line(reason, 160)
                 why = f"{why}; e.g. {reason}" if len(statuses) > 1 else reason
+            fix = "the base URL" if all(NO_SUCH_ROUTE in (f.reason or "") for _, f in refused) \
+                else "the prompt, the params or the model"
             lines.append(f"{model}: {len(refused)} request{'s' if len(refused) != 1 else ''} "
                          f"refused as sent ({why}): running again sends "
-                         f"{'them' if len(refused) != 1 else 'it'} unchanged; fix the "
-                         "prompt, the params or the model")
+                         f"{'them' if len(refused) != 1 else 'it'} unchanged; fix {fix}")
             others = [(k, f) for k, f in pairs if f.status not in FINAL_STATUSES]
             if others and _all_the_same([f for _, f in others],
                                         ran.get(model, 0) - len(refused)):

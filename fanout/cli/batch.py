@@ -31,7 +31,7 @@ from rich.text import Text
 from .._exceptions import ConfigError
 from ..batch import BatchObserver, BatchOptions, BatchProgress, ExitCode, run_sync
 from ..store.results import RecordReader
-from .common import text_console
+from .common import environment_note, text_console
 from .report import model_summary, printable, summary_console, summary_view
 
 __all__ = ["PLAIN_PROGRESS_EVERY", "BatchOptions", "run_batch"]
@@ -50,6 +50,9 @@ def run_batch(options: BatchOptions, *, stdout: TextIO | None = None,
     def say(message: str) -> None:
         print(f"fanout batch: {printable(message)}", file=err)
 
+    note = environment_note(options.config, environ)
+    if note is not None:
+        say(note)
     view = _View(progress_console or text_console(err), say)
     try:
         summary = run_sync(options, observer=view, environ=environ, handle_signals=True)

@@ -6,15 +6,31 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TextIO
 
 from rich.console import Console
 
 from .._runtime import interrupt_on_signals, only, open_endpoint
+from ..config import DEFAULT_CONFIG, find_config
+from ..net.stream import public_url
 
-__all__ = ["format_seconds", "interrupt_on_sigint", "only", "open_endpoint", "silence_stdout",
-           "text_console"]  # only and open_endpoint: fanout._runtime's, for the commands
+__all__ = ["environment_note", "format_seconds", "interrupt_on_sigint", "only",
+           "open_endpoint", "silence_stdout", "text_console"]
+# only and open_endpoint: fanout._runtime's, for the commands
+
+
+def environment_note(config: str | None, environ: Mapping[str, str] | None = None
+                     ) -> str | None:
+    """The line that says ``OPENAI_BASE_URL`` took the place of the embedded upstream
+    (no config file was chosen, so the packaged default gives way to it), else ``None``:
+    the README's embedded quick start would otherwise turn into relay calls silently."""
+    env = os.environ if environ is None else environ
+    url = env.get("OPENAI_BASE_URL")
+    if not url or find_config(config) != DEFAULT_CONFIG:
+        return None
+    return (f"using OPENAI_BASE_URL={public_url(url)} from the environment, not the embedded "
+            "upstream (unset it to use the embedded upstream)")
 
 
 def text_console(file: TextIO, *, wide: bool = False) -> Console:

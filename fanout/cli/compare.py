@@ -30,7 +30,13 @@ from ..core.result import Flag, Outcome
 from ..fanout import Fanout, open_fanout
 from ..records import dumps
 from ..request import Endpoint
-from .common import interrupt_on_sigint, open_endpoint, silence_stdout, text_console
+from .common import (
+    environment_note,
+    interrupt_on_sigint,
+    open_endpoint,
+    silence_stdout,
+    text_console,
+)
 from .common import only as _only
 from .records import event_record
 from .render import Column, CompareView, cut_advice, cut_line, inert, summary_table
@@ -98,6 +104,9 @@ def run_compare(options: CompareOptions, *, console: Console | None = None,
             # From bytes that are not UTF-8 on the command line: nothing can send them.
             print(f"fanout compare: {what}: not UTF-8 text", file=err)
             return 2
+    note = environment_note(options.config, environ)
+    if note is not None:
+        print(f"fanout compare: {inert(note)}", file=err)
     try:
         config = load_config(options.config, environ=environ)
         models = config.select(options.models, default=config.compare, environ=environ)

@@ -7,6 +7,7 @@ Only this package imports rich: the library itself never draws anything.
 from __future__ import annotations
 
 import argparse
+import difflib
 import ipaddress
 import shutil
 import signal
@@ -14,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import trio
 
@@ -40,8 +41,58 @@ class _TableEpilog(argparse.HelpFormatter):
         return super()._fill_text(text, width, indent)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a typo'd option said where it happened: the subcommand's usage and
+    error (not the top level's), and ``did you mean --model?`` when one of the
+    subcommand's options is close."""
+
+    _seen: list[str] | None = None
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        self._seen = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            # The subcommand left them: its usage and its options say what was meant.
+            sub = self._command(getattr(parsed, "command", None)) or self
+            sub.error(f"unrecognized arguments: {' '.join(extras)}", extras)
+        return parsed
+
+    def _command(self, name: str | None) -> _Parser | None:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+                found = action.choices[name]
+                return found if isinstance(found, _Parser) else None
+        return None
+
+    def error(self, message: str, words: Sequence[str] | None = None) -> NoReturn:
+        super().error(message + self._did_you_mean(self._seen or [] if words is None
+                                                   else words))
+
+    def _did_you_mean(self, words: Sequence[str]) -> str:
+        """`` (did you mean --model?)`` for the first word that looks like an option this
+        parser does not have and is close to one it has; else ``""``."""
+        options = [o for action in self._actions for o in action.option_strings
+                   if o.startswith("--")]
+        for word in words:
+            if word == "--":
+                break
+            flag = word.split("=", 1)[0]
+            if not flag.startswith("--") or flag in options or flag in self._option_string_actions:
+                continue
+            close = difflib.get_close_matches(flag, options, n=1, cutoff=0.6)
+            if close:
+                return f" (did you mean {close[0]}?)"
+        return ""
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fanout", description=(
+    parser = _Parser(prog="fanout", description=(
         "Stream chat completions from many models at once, through one endpoint and one key."))
     core = "compiled with mypyc" if COMPILED else "pure Python"
     parser.add_argument("--version", action="version",
@@ -214,7 +265,8 @@ def _parser() -> argparse.ArgumentParser:
     init = commands.add_parser(
         "init", help="write a commented starter config for a real endpoint",
         description="Write a commented starter config (the endpoint, where the key comes "
-                    "from, deadlines, two models, a scorer, [batch] models) to PATH. Never "
+                    "from, deadlines, two models: two ids the endpoint's GET /models lists, "
+                    "else placeholders, a scorer, [batch] models) to PATH. Never "
                     "overwrites: anything at PATH (a file, a link) is left as it is. Exit "
                     "status: 0 written, 2 otherwise.")
     init.add_argument("path", metavar="PATH", nargs="?", default="fanout.toml",

@@ -23,8 +23,8 @@ from ..config import load_config
 from ..net.model_list import ListError, list_models
 from ..net.stream import public_url
 from ..request import Endpoint
+from .common import environment_note, open_endpoint
 from .common import only as _only
-from .common import open_endpoint
 from .render import inert
 
 __all__ = ["ModelsOptions", "run_models"]
@@ -42,6 +42,9 @@ def run_models(options: ModelsOptions, *, stdout: TextIO | None = None,
     """List the endpoint's models; returns the exit status (see the module docstring)."""
     out = stdout or sys.stdout
     err = stderr or sys.stderr
+    note = environment_note(options.config, environ)
+    if note is not None:
+        print(f"fanout models: {inert(note)}", file=err)
     try:
         config = load_config(options.config, environ=environ)
         endpoint = config.endpoint(environ)

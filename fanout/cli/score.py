@@ -48,7 +48,7 @@ from ..request import Endpoint
 from ..store.prompts import PromptFileError, load_prompts
 from ..store.results import ResultsFileError, holder_of, latest_records, lock_path
 from ..store.scores import ScoresFile, scores_path
-from .common import interrupt_on_sigint, open_endpoint, text_console
+from .common import environment_note, interrupt_on_sigint, open_endpoint, text_console
 from .common import only as _only
 from .report import printable
 
@@ -114,6 +114,9 @@ def run_score(options: ScoreOptions, *, stdout: TextIO | None = None,
         return fail(str(exc))
     endpoint: Endpoint | None = None
     if any(s.is_judge for s in selected):
+        note = environment_note(options.config, environ)
+        if note is not None:
+            say(note)
         try:
             endpoint = config.endpoint(environ)
         except ConfigError as exc:

@@ -22,8 +22,9 @@ import trio
 
 from .._exceptions import ConfigError
 from ..config import load_config
+from .common import environment_note, open_endpoint
 from .common import only as _only
-from .common import open_endpoint
+from .render import inert
 
 __all__ = ["ServeOptions", "run_serve"]
 
@@ -48,6 +49,9 @@ def run_serve(options: ServeOptions, *, stdout: TextIO | None = None,
         return 2
     out = stdout or sys.stdout
     err = stderr or sys.stderr
+    note = environment_note(options.config, environ)
+    if note is not None:
+        print(f"fanout serve: {inert(note)}", file=err)
     try:
         config = load_config(options.config, environ=environ)
         endpoint = config.endpoint(environ)

@@ -142,6 +142,7 @@ class Tally:
     judge_refused: int = 0
     judge_cut: int = 0  # judge streams the server cut while others ran, asked again at once
     judge_cost: float = 0.0
+    judge_cost_known: int = 0  # judge streams whose cost is known (judge_cost is theirs)
     judge_cost_unknown: int = 0
 
     @property
@@ -161,10 +162,12 @@ class Tally:
         if self.judge_cut:
             line += f", {self.judge_cut} judge stream{'s' if self.judge_cut != 1 else ''} cut " \
                     "by the server and asked again"
-        if self.judge_cost or self.judge_cost_unknown:
+        if self.judge_cost_known and self.judge_cost_unknown:
+            line += f"; judge cost ${self.judge_cost:.6f} (+{self.judge_cost_unknown} unknown)"
+        elif self.judge_cost_known:
             line += f"; judge cost ${self.judge_cost:.6f}"
-            if self.judge_cost_unknown:
-                line += f" (+{self.judge_cost_unknown} unknown)"
+        elif self.judge_cost_unknown:  # no cost known at all: `-`, as `fanout report` says
+            line += f"; judge cost - ({self.judge_cost_unknown} unknown)"
         return line
 
 
@@ -221,6 +224,11 @@ class Scoring:
         self._submitting = trio.CancelScope()  # cancelled by stop(): nothing more is sent
         self.queued = 0  # judge requests queued in this run (sent or not)
         self.judged = 0  # judge requests that ended (answered, failed, cancelled, not sent)
+        #: judge requests done: ended with a score (a verdict, or a failure's error score);
+        #: never one cancelled by ``stop`` or not sent (what a progress bar counts as done)
+        self.answered = 0
+        #: judge requests in flight when ``stop`` cancelled them (no score: a rerun asks)
+        self.cancelled_in_flight = 0
         #: ``fsync`` the scores file from ``add`` at least once a second (``fanout score``,
         #: whose pure scorers run outside trio); a batch syncs from its own task instead.
         self.sync_inline = False
@@ -449,6 +457,7 @@ class Scoring:
             tally.judge_cost_unknown += 1
         else:
             tally.judge_cost += cost
+            tally.judge_cost_known += 1
         if self.budget is not None:
             self.budget.observe(job.key, model.name, {"usage": usage, "cost": cost,
                                                        "cost_source": source})
@@ -460,6 +469,7 @@ class Scoring:
             # cut by our own stop, not by the judge: no score at all (an error score
             # would count against the answer until a rerun), left for the rerun
             tally.not_judged += 1
+            self.cancelled_in_flight += 1
             self.wake()
             return
         if self._is_cut(model.name, result):
@@ -486,6 +496,7 @@ class Scoring:
             tally.judge_failed += 1
             tally.judge_refused += result.status in REFUSED_STATUSES
             score = job.selected.judge.failed(str(result.outcome), result.reason)
+        self.answered += 1
         self._write(job.selected, job.record, job.answer, score, judge)
         if self.on_budget is not None and self.budget is not None:
             self.on_budget()

@@ -16,7 +16,7 @@ import trio
 
 from ..core.chat import error_from_response
 from ..request import Endpoint
-from .stream import base_url_hint, connect_failure, public_url
+from .stream import base_url_hint, connect_failure, key_refused, public_url
 from .transport import make_client
 
 __all__ = ["LIST_TIMEOUT", "MAX_LIST_BYTES", "ListError", "list_models"]
@@ -94,9 +94,11 @@ def _refusal(endpoint: Endpoint, url: str, status: int, text: str, unlisted: str
     if status in (401, 403) and not endpoint.api_key:
         return f"HTTP {status}: no API key was sent: set OPENAI_API_KEY or [endpoint] " \
                f"api_key_env{said}"
+    if status == 401:
+        return f"HTTP 401: {key_refused(endpoint)}{said}"
     if status == 404:
         advice = base_url_hint(endpoint.base_url)
-        hint = f"; is base_url right?{advice}" if advice else ""
+        hint = f"; {advice}" if advice else ""
         return (f"{public_url(url)} answered 404: the endpoint has no /models route, so it "
                 f"cannot list its models ({unlisted}){hint}")
     return f"HTTP {status}{said or ' from ' + public_url(url)}"

@@ -557,21 +557,24 @@ class StreamRunner:
 
     def _explain(self, error: StreamError) -> StreamError:
         """What an HTTP error means for the first hour with an endpoint, said first (the
-        server's own words after it): a 401/403 when no key was sent; a 404 that names
+        server's own words after it): a 401/403 when no key was sent, a 401 when the key
+        sent was refused (``key_refused``); a 404 that names
         the model (the endpoint does not know it), or else no such route at all (the
         base URL is wrong: most need ``/v1``)."""
         status = error.status
         said = _server_said(error.message, status)
         if status in (401, 403) and not self.endpoint.api_key:
             message = f"no API key was sent: set OPENAI_API_KEY or [endpoint] api_key_env{said}"
+        elif status == 401:
+            message = key_refused(self.endpoint) + said
         elif status == 404 and _names_model(error, self.request.model):
             if not _NOT_KNOWN.search(error.message):
                 return error  # about the model, but not that it is unknown: its own words
             message = (f"the endpoint does not know model {self.request.model!r}; "
                        f"`fanout models` lists what it offers{said}")
         elif status == 404:
-            message = (f"{public_url(self.url)} answered 404: no such route; is base_url "
-                       f"right?{base_url_hint(self.endpoint.base_url)}")
+            message = (f"{public_url(self.url)} answered 404: {NO_SUCH_ROUTE}; "
+                       f"{base_url_hint(self.endpoint.base_url) or 'is base_url right?'}")
         else:
             return error
         return attrs.evolve(error, message=message)
@@ -874,6 +877,17 @@ def connect_failure(exc: httpx.TransportError, base_url: str) -> str:
     return _transport_error(exc, answered=False, base_url=base_url).message
 
 
+def key_refused(endpoint: Endpoint) -> str:
+    """What a 401 to a key that was sent means, and what to check: where the key came
+    from and where it went (never the key)."""
+    where = public_url(endpoint.base_url)
+    if endpoint.key_env is None:
+        return (f"the key sent to {where} was refused: check that it is valid for this "
+                "endpoint and not expired")
+    return (f"the key in {endpoint.key_env} was sent to {where} and refused: check that it "
+            "is valid for this endpoint, not expired, and the right variable")
+
+
 def public_url(url: str) -> str:
     """``url`` as an error may show it: no user, password, query or fragment."""
     parts = urlsplit(url)
@@ -891,15 +905,19 @@ def public_url(url: str) -> str:
 _ROUTES = ("/chat/completions", "/responses", "/messages", "/models")
 
 
+#: What a 404 for no route says (the batch summary's advice follows it: fix the base URL).
+NO_SUCH_ROUTE = "no such route"
+
+
 def base_url_hint(base_url: str) -> str:
-    """The advice after a 404 on a route of ``base_url`` (starting with a space), or ``""``:
-    a base URL holding a route already gets the route added again, one without ``/v1``
-    misses what OpenAI-compatible servers expect."""
+    """The one diagnosis for a 404 on a route of ``base_url``, or ``""`` when there is none
+    to make: a base URL holding a route already gets the route added again; one without
+    ``/v1`` misses what OpenAI-compatible servers expect (try it with ``/v1``)."""
     path = public_url(base_url)
     route = next((r for r in _ROUTES if path.endswith(r)), None)
     if route is not None:
-        return f" leave {route} out of base_url (fanout adds the route; it ends with /v1)"
-    return "" if path.endswith("/v1") else " OpenAI-compatible servers usually end it with /v1"
+        return f"leave {route} out of base_url (fanout adds the route; it ends with /v1)"
+    return "" if path.endswith("/v1") else f"the base URL probably needs /v1: try {path}/v1"
 
 
 #: A 404 about the model saying the endpoint does not know it (OpenAI, vLLM, Ollama, ...).

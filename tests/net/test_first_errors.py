@@ -62,8 +62,8 @@ async def test_a_base_url_without_the_route_says_which_route_and_suggests_v1(
         upstream: RunningUpstream, api: str, route: str) -> None:
     root = upstream.base_url.removesuffix("/v1")
     text = await reason(Endpoint(root), api=api)
-    assert text == (f"HTTP 404: {root}{route} answered 404: no such route; is base_url "
-                    "right? OpenAI-compatible servers usually end it with /v1")
+    assert text == (f"HTTP 404: {root}{route} answered 404: no such route; the base URL "
+                    f"probably needs /v1: try {root}/v1")
     # Already ending in /v1: no such suggestion.
     text = await reason(Endpoint(upstream.base_url + "/v1"), api=api)
     assert text == (f"HTTP 404: {upstream.base_url}/v1{route} answered 404: no such route; "
@@ -71,7 +71,7 @@ async def test_a_base_url_without_the_route_says_which_route_and_suggests_v1(
     # The route pasted into the base URL: it is added again, and the advice says so.
     text = await reason(Endpoint(upstream.base_url + route), api=api)
     assert text == (f"HTTP 404: {upstream.base_url}{route}{route} answered 404: no such "
-                    f"route; is base_url right? leave {route} out of base_url (fanout adds "
+                    f"route; leave {route} out of base_url (fanout adds "
                     "the route; it ends with /v1)")
 
 
@@ -138,7 +138,7 @@ async def test_a_host_that_cannot_be_reached_says_so(
 @pytest.mark.parametrize(("model", "body", "expected"), [
     # A short id is inside every message: only the whole id names it.
     ("a", "404 page not found", "https://relay.invalid/chat/completions answered 404: no such "
-     "route; is base_url right? OpenAI-compatible servers usually end it with /v1"),
+     "route; the base URL probably needs /v1: try https://relay.invalid/v1"),
     ("llama3", '{"error": "llama3 not found, try pulling it first"}',
      "the endpoint does not know model 'llama3'; `fanout models` lists what it offers (the "
      "server said: llama3 not found, try pulling it first)"),
