@@ -230,7 +230,8 @@ def test_a_real_endpoint_with_a_key_never_shows_the_key(mock_with_key: str,
     ok = compare(str(path), environ={"MY_KEY": secret}, json_lines=True)
     assert ok[0] == 0
     refused = compare(str(path), environ={"MY_KEY": "sk-wrong-key-000"})
-    assert refused[0] == 1 and "fanout compare: echo: error: HTTP 401: Incorrect API key" in refused[2]
+    assert refused[0] == 1 and "fanout compare: echo: error: HTTP 401: the key in MY_KEY was sent to " in refused[2]
+    assert "(the server said: Incorrect API key provided.)" in refused[2]
     for _, out, err in (ok, refused):
         assert secret not in out + err and "sk-wrong-key-000" not in out + err
 
