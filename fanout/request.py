@@ -255,8 +255,12 @@ class RetryPolicy:
         ceiling = min(self.maximum, self.initial * 2 ** (retry_number - 1))
         return rng.uniform(0, ceiling) if self.jitter else ceiling
 
-    def retry_after(self, headers: Mapping[str, str]) -> float | None:
-        """What the server asked for, in seconds, capped; ``None`` if it did not say."""
+    def retry_after(self, headers: Mapping[str, str], *,
+                    now: float | None = None) -> float | None:
+        """What the server asked for, in seconds, capped; ``None`` if it did not say.
+
+        ``now``: the time an HTTP date is counted from, in seconds since the epoch
+        (``time.time()`` when not given)."""
         milliseconds = headers.get("retry-after-ms")
         if milliseconds:
             try:
@@ -274,7 +278,8 @@ class RetryPolicy:
             parsed = email.utils.parsedate_to_datetime(value)
         except (TypeError, ValueError, IndexError):
             return None  # a header we cannot read is no instruction
-        return min(self.max_retry_after, max(0.0, parsed.timestamp() - time.time()))
+        since = time.time() if now is None else now
+        return min(self.max_retry_after, max(0.0, parsed.timestamp() - since))
 
 
 def content_key(base_url: str, model: str, messages: Sequence[Any],

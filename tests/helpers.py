@@ -1,4 +1,4 @@
-"""Helpers shared by the tests: the ways one body can be cut into reads."""
+"""Helpers shared by the tests: the ways one body can be cut into reads; Ctrl-C to a child."""
 
 from __future__ import annotations
 
@@ -7,10 +7,13 @@ import itertools
 import os
 import pty
 import random
+import signal
 import struct
 import subprocess
 import termios
 from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Protocol
 
 from fanout import ServerSentEvent, SSEDecoder
 
@@ -89,3 +92,49 @@ def on_pty(command: Sequence[str], rows: int, columns: int) -> tuple[int, str]:
         chunks.append(data)
     os.close(main)
     return process.wait(timeout=60), b"".join(chunks).decode("utf-8", "replace")
+
+
+# ------------------------------------------------------------------ Ctrl-C to a child
+
+def sigint_default() -> None:
+    """``preexec_fn`` of every child a test sends SIGINT: its default action, as a
+    terminal's foreground job has it, so the child's Python installs its own
+    ``KeyboardInterrupt`` handler.
+
+    A shell that starts a job in the background without job control (``nohup make test
+    &``, a script, many CI runners) sets SIGINT to be ignored, and every process started
+    from it inherits that across exec: Python then installs no handler, and neither does
+    ``fanout``'s entry point, which leaves an ignored SIGINT ignored as a background job's
+    should be.  Runs in the child between fork and exec."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+class _Child(Protocol):
+    @property
+    def pid(self) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+
+def ignores(pid: int, sig: int = signal.SIGINT) -> bool:
+    """Whether process ``pid`` ignores ``sig`` (its ``SigIgn`` mask in /proc); False once
+    it is gone, or where there is no /proc."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    for line in status.splitlines():
+        if line.startswith("SigIgn:"):
+            return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    return False
+
+
+def interrupt(process: _Child, sig: int = signal.SIGINT) -> None:
+    """Ctrl-C (or ``sig``): the signal to ``process``, which must not ignore it.  A child
+    started without ``preexec_fn=sigint_default`` from a suite run in the background
+    would never see a SIGINT: this fails at once, saying so, instead of the test waiting
+    for an exit that never comes."""
+    assert not ignores(process.pid, sig), (
+        f"process {process.pid} ignores signal {sig} (inherited SIG_IGN: the suite runs in "
+        "the background); start it with preexec_fn=sigint_default")
+    process.send_signal(sig)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import email.utils
 import random
-import time
 
 import httpx
 import pytest
@@ -46,10 +45,26 @@ def test_retry_after_forms() -> None:
     assert policy.retry_after({"retry-after-ms": "250", "retry-after": "9"}) == 0.25
     assert policy.retry_after({"retry-after": "2"}) == 2.0
     assert policy.retry_after({"retry-after": "600"}) == 30  # capped
-    date = email.utils.formatdate(time.time() + 10, usegmt=True)
-    assert 8 <= policy.retry_after({"retry-after": date}) <= 10  # type: ignore[operator]
+    now = 1_700_000_000.0  # an HTTP date is counted from now: exact, whatever the clock
+    date = email.utils.formatdate(now + 10, usegmt=True)
+    assert policy.retry_after({"retry-after": date}, now=now) == 10
+    assert policy.retry_after({"retry-after": date}, now=now + 4.5) == 5.5
+    assert policy.retry_after({"retry-after": date}, now=now + 60) == 0  # past: at once
+    assert policy.retry_after({"retry-after": date}, now=now - 600) == 30  # capped
     assert policy.retry_after({"retry-after": "soon"}) is None
     assert policy.retry_after({}) is None
+
+
+def test_retry_after_counts_a_date_from_the_clock_by_default(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    import fanout.request
+
+    now = 1_700_000_000.0  # the module's clock, not the process's, is the one stopped
+    monkeypatch.setattr(fanout.request, "time", types.SimpleNamespace(time=lambda: now))
+    date = email.utils.formatdate(now + 7, usegmt=True)
+    assert RetryPolicy(max_retry_after=30).retry_after({"retry-after": date}) == 7
 
 
 def test_backoff_doubles_to_the_maximum() -> None:

@@ -6,7 +6,6 @@ import io
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import pytest
 from fanout.cli.batch import BatchOptions, run_batch
 from fanout.cli.main import main
 from fanout.store.results import work_key
+from tests.helpers import interrupt, sigint_default
 
 COMMAND = [sys.executable, "-m", "fanout.cli.main"]
 
@@ -318,7 +318,7 @@ def _start(tmp_path: Path, config: str, count: int) -> tuple[subprocess.Popen[st
     process = subprocess.Popen(
         [*COMMAND, "batch", prompts, "-m", "slow", "-m", "fast", "-o", str(output),
          "--config", config, "--concurrency", "6"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default)
     return process, output
 
 
@@ -376,7 +376,7 @@ def test_ctrl_c_records_the_streams_in_flight_as_cancelled(tmp_path: Path, confi
         # (after only six fast records, they may not have had their first token yet).
         _wait_for_lines(output, 6, process)
         _wait_for_model(output, "slow", process)
-        process.send_signal(signal.SIGINT)
+        interrupt(process)
         out, err = process.communicate(timeout=30)
     finally:
         process.kill()

@@ -6,7 +6,6 @@ import io
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -18,6 +17,7 @@ from rich.console import Console
 from fanout.cli.compare import CompareOptions, UsageError, read_prompt, run_compare
 from fanout.cli.main import main
 from fanout.cli.render import inert
+from tests.helpers import ignores, interrupt, sigint_default
 
 COMMAND = [sys.executable, "-m", "fanout.cli.main"]
 
@@ -266,7 +266,7 @@ def _interrupt(config: str) -> subprocess.CompletedProcess[str]:
     process = subprocess.Popen(
         [*COMMAND, "compare", "hi", "-m", "hanging", "-m", "steady", "--config", config,
          "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=sigint_default)
     assert process.stdout is not None
     seen: list[str] = []
     texts = 0
@@ -276,7 +276,7 @@ def _interrupt(config: str) -> subprocess.CompletedProcess[str]:
         texts += record["stream"] == "hanging" and record["type"] == "text"
         if texts == 3:  # the model hangs after its 4th chunk: this is mid-stream
             break
-    process.send_signal(signal.SIGINT)
+    interrupt(process)
     rest, err = process.communicate(timeout=30)
     return subprocess.CompletedProcess(process.args, process.returncode, "".join(seen) + rest,
                                        err)
@@ -297,13 +297,13 @@ def test_ctrl_c_cancels_keeps_the_partial_output_and_exits_130(config: str) -> N
 def test_ctrl_c_in_plain_mode_prints_the_final_screen(config: str) -> None:
     process = subprocess.Popen(
         [*COMMAND, "compare", "hi", "-m", "hanging", "--config", config],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default)
     try:
         # Nothing is printed before the end in plain mode; the stream hangs after
         # 4 chunks, so any moment after start-up is "mid-stream".
         with pytest.raises(subprocess.TimeoutExpired):
             process.wait(timeout=3)
-        process.send_signal(signal.SIGINT)
+        interrupt(process)
         out, err = process.communicate(timeout=30)
     finally:
         process.kill()
@@ -329,6 +329,7 @@ def test_ctrl_c_on_a_real_terminal(config: str) -> None:
     def controlling_terminal() -> None:  # in the child: the pty becomes its terminal
         os.setsid()
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+        sigint_default()  # ^C is SIGINT to it, as to a foreground job
 
     leader, follower = pty.openpty()
     os.set_blocking(leader, False)
@@ -354,6 +355,7 @@ def test_ctrl_c_on_a_real_terminal(config: str) -> None:
         while b"streaming" not in screen and time.monotonic() < deadline:
             read(0.2)
         assert b"streaming" in screen  # the live view is up, mid-stream
+        assert not ignores(process.pid)  # else ^C would be lost (see sigint_default)
         os.write(leader, b"\x03")
         while process.poll() is None and time.monotonic() < deadline:
             read(0.2)  # keep reading: a full terminal buffer would block the child

@@ -14,6 +14,7 @@ import pytest
 from fanout import Outcome, parse_stream
 from fanout.upstream import MODELS
 from tests.captures import names
+from tests.helpers import interrupt, sigint_default
 
 COMMAND = [sys.executable, "-m", "fanout.cli.main", "mock"]
 
@@ -21,7 +22,8 @@ COMMAND = [sys.executable, "-m", "fanout.cli.main", "mock"]
 @pytest.fixture
 def mock_process() -> Iterator[tuple[subprocess.Popen[str], str]]:
     process = subprocess.Popen([*COMMAND, "--port", "0", "--key", "sk-cli-test"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=sigint_default)
     try:
         assert process.stdout is not None
         base_url = process.stdout.readline().strip()
@@ -48,7 +50,7 @@ def test_mock_prints_its_url_and_streams(mock_process: tuple[subprocess.Popen[st
 def test_mock_stops_cleanly(mock_process: tuple[subprocess.Popen[str], str],
                             signum: signal.Signals) -> None:
     process, _ = mock_process
-    process.send_signal(signum)
+    interrupt(process, signum)
     _, stderr = process.communicate(timeout=10)
     assert process.returncode == 0
     assert "Traceback" not in stderr

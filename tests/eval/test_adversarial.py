@@ -25,6 +25,7 @@ from fanout.cli.batch import BatchOptions, run_batch
 from fanout.cli.report import report
 from fanout.cli.score import ScoreOptions, run_score
 from fanout.store.scores import read_scores, scores_path
+from tests.helpers import interrupt, sigint_default
 
 COMMAND = [sys.executable, "-m", "fanout.cli.main"]
 
@@ -291,7 +292,7 @@ def test_interrupting_score_keeps_what_was_judged_and_writes_no_false_errors(
     target = scores_path(output)
     process = subprocess.Popen([*COMMAND, "score", output, "--score", "slow-judged",
                                 "--config", config], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+                               stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and process.poll() is None:
@@ -299,7 +300,7 @@ def test_interrupting_score_keeps_what_was_judged_and_writes_no_false_errors(
                 break
             time.sleep(0.02)
         assert process.poll() is None, process.communicate()
-        process.send_signal(sig)
+        interrupt(process, sig)
         out, err = process.communicate(timeout=30)
     finally:
         process.kill()

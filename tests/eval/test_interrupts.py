@@ -11,6 +11,9 @@
   SIGINT before the package is imported.  A SIGINT is placed exactly, inside
   the import of a given module (a ``sitecustomize`` whose import hook sends
   it), and at random delays after the spawn.
+
+Every child gets SIGINT's default action (``preexec_fn=sigint_default``): a suite run in
+the background would otherwise pass it on ignored, and no Ctrl-C would reach ``fanout``.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import trio
 
 from fanout.store.scores import scores_path
 from fanout.upstream import open_upstream
+from tests.helpers import interrupt, sigint_default
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMAND = [sys.executable, "-m", "fanout.cli.main"]
@@ -97,7 +101,7 @@ async def _interrupted_while_judging(tmp_path: Path, argv: list[str], results: P
             process = await trio.lowlevel.open_process(
                 [*COMMAND, *argv, "--score", "judged", "--score", "stuck-judged",
                  "--config", str(config)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env=_environ())
+                env=_environ(), preexec_fn=sigint_default)
             try:
                 target = scores_path(results)
                 while not (stats.requests.get("fault/no-response", 0) == 1
@@ -110,7 +114,7 @@ async def _interrupted_while_judging(tmp_path: Path, argv: list[str], results: P
                 assert stats.requests.get("mock/judge", 0) == 2
                 asked = dict(stats.requests)
                 written = target.read_bytes()
-                process.send_signal(signal.SIGINT)
+                interrupt(process)
                 while process.poll() is None:
                     # No request after the SIGINT: the stuck judge's slot, freed by its
                     # cancellation, is not given to the next judge (which would hang too).
@@ -182,6 +186,8 @@ class _InterruptAt:
     def find_spec(self, name, path=None, target=None):
         if name == {module!r}:
             sys.meta_path.remove(self)
+            if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+                sys.stderr.write("the hook: SIGINT is ignored here (inherited SIG_IGN)\\n")
             os.kill(os.getpid(), signal.SIGINT)
         return None
 
@@ -204,7 +210,8 @@ def _run_interrupted_at(tmp_path: Path, module: str, argv: list[str]) -> tuple[i
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(_HOOK.format(module=module))
     done = subprocess.run([*_console_script(tmp_path), *argv], capture_output=True,
-                          text=True, env=_environ(hook), timeout=60)
+                          text=True, env=_environ(hook), timeout=60,
+                          preexec_fn=sigint_default)
     return done.returncode, done.stderr
 
 
@@ -244,7 +251,8 @@ def test_sigint_while_report_waits_on_a_fifo(tmp_path: Path, where: str) -> None
             "scores": ["report", str(results), "--scores", str(fifo)],
             "html": ["report", str(fifo), "--html", str(tmp_path / "page.html")]}[where]
     process = subprocess.Popen([*_console_script(tmp_path), *argv], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env=_environ())
+                               stderr=subprocess.PIPE, text=True, env=_environ(),
+                               preexec_fn=sigint_default)
     try:
         # Blocked in open() of the FIFO (the kernel says where it waits), however slowly
         # the machine started it.
@@ -254,7 +262,7 @@ def test_sigint_while_report_waits_on_a_fifo(tmp_path: Path, where: str) -> None
                 break
             assert process.poll() is None, process.communicate()
             time.sleep(0.01)
-        process.send_signal(signal.SIGINT)
+        interrupt(process)
         out, err = process.communicate(timeout=30)
     finally:
         process.kill()
@@ -283,10 +291,10 @@ def test_sigint_at_random_moments_of_the_start_is_never_a_traceback(tmp_path: Pa
     for _ in range(12):
         delay = rng.uniform(0.0, 0.6)
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   text=True, env=_environ())
+                                   text=True, env=_environ(), preexec_fn=sigint_default)
         try:
             time.sleep(delay)
-            process.send_signal(signal.SIGINT)
+            interrupt(process)
             out, err = process.communicate(timeout=30)
         finally:
             process.kill()

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from fanout.serve.replica import default_replica, id_replica
+from tests.helpers import interrupt, sigint_default
 
 ROOT = Path(__file__).resolve().parents[2]
 FANOUT = [sys.executable, "-m", "fanout.cli.main"]
@@ -23,7 +24,7 @@ FANOUT = [sys.executable, "-m", "fanout.cli.main"]
 def serving() -> Iterator[tuple[subprocess.Popen[str], str]]:
     process = subprocess.Popen([*FANOUT, "serve", "--config", str(ROOT / "config/default.toml"),
                                 "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, cwd=ROOT)
+                               text=True, cwd=ROOT, preexec_fn=sigint_default)
     try:
         assert process.stdout is not None
         url = process.stdout.readline().strip()
@@ -53,7 +54,7 @@ def test_the_default_config_serves_and_stops_gracefully(
             lines = response.iter_lines()
             for line in lines:
                 if line.startswith("data: {") and '"type":"text"' in line:
-                    process.send_signal(stop)
+                    interrupt(process, stop)
                     break
             rest = list(lines)
         records = [json.loads(line[6:]) for line in rest if line.startswith("data: {")]
