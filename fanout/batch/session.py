@@ -4,8 +4,8 @@ An endpoint-wide adaptive cap (halved when the server cuts streams while others
 run, grown back on success), one adaptive cap per model (halved on 429s, grown
 back on success), one submitter per model so models interleave, each result
 written and flushed as it finishes.  A unit the server cut while others ran is
-redone in the same run, at the lower concurrency (at most ``MAX_REDOS``
-times).  A write that fails (a full disk) stops new submissions; the streams
+redone in the same run, at the lower concurrency, after a back-off as a retry's
+(at most ``MAX_REDOS`` times).  A write that fails (a full disk) stops new submissions; the streams
 in flight run on and are tried.  With a budget, a unit is sent only while it
 fits (``fanout.eval.budget``); with scoring, each record is scored as it is
 written (a judge through its own fan-out, under the same endpoint-wide cap).
@@ -17,6 +17,7 @@ kept); a second one raises ``KeyboardInterrupt``: out at once.
 
 from __future__ import annotations
 
+import random
 import signal
 from collections import Counter, deque
 from collections.abc import Mapping
@@ -29,7 +30,7 @@ import trio
 from .._runtime import interrupt_on_signals, open_endpoint
 from ..config import Config
 from ..core.events import StreamFinished, StreamRetrying
-from ..core.result import Flag, Outcome, StreamResult
+from ..core.result import Flag, Outcome, StreamResult, relayed_cut
 from ..eval.budget import Budget
 from ..eval.run import Scoring
 from ..fanout import Fanout, open_fanout
@@ -106,6 +107,10 @@ class Session:
         self._wake: dict[str, trio.Event] = {}
         self._submitted: dict[str, float] = {}  # key -> when its current attempt was sent
         self.redos: Counter[str] = Counter()  # key -> times redone after a cut, this run
+        # key -> when its redo may be sent: redos back off as retries do (a dead server
+        # is not asked again at once, for every cut unit at the same moment)
+        self.redo_due: dict[str, float] = {}
+        self._rng = random.Random()
         self.redone = 0  # records written for streams that were cut and redone
         self._redoing = 0  # units waiting for or running their redo
         self.cut_by: Counter[str] = Counter()  # model -> its cuts that were redone
@@ -191,6 +196,13 @@ class Session:
                     return
             self._pending += 1
             try:
+                due = self.redo_due.pop(unit.key, None)
+                if due is not None:
+                    try:
+                        await trio.sleep_until(due)
+                    except BaseException:
+                        self.redo_due[unit.key] = due
+                        raise
                 await limit.wait_if_paused()
                 await limit.limiter.acquire_on_behalf_of(unit.key)
                 try:
@@ -323,7 +335,8 @@ class Session:
         self._wake_submitters(name)
 
     def _is_cut(self, unit: Work, result: StreamResult) -> bool:
-        """Whether the server cut this stream because others ran: it ended truncated, or
+        """Whether the server cut this stream because others ran: it ended truncated (or
+        with a relay's in-band report of the cut after some output: ``relayed_cut``), or
         completed with an empty answer or a choice unfinished, or completed without usage
         where the same model's streams come with usage (a relay that drops usage on a
         cut); and other streams were running.
@@ -347,7 +360,8 @@ class Session:
                     self._score_suspects(name)
                 return bool(others) and name in self.endpoint.usage_seen
             return False
-        return result.outcome == Outcome.TRUNCATED and self._looks_cut(name, others)
+        return (result.outcome == Outcome.TRUNCATED or relayed_cut(result)) and \
+            self._looks_cut(name, others)
 
     def _looks_cut(self, name: str, others: int) -> bool:
         if name in self.excused:
@@ -396,11 +410,15 @@ class Session:
 
     def _cut(self, unit: Work, sent: float, running: int) -> None:
         """Redo a unit the server cut (sent at ``sent``, cut while ``running`` streams ran,
-        itself included), at the front of its model's queue; tell the endpoint's limit."""
+        itself included), at the front of its model's queue, once its back-off has passed
+        (``BATCH_RETRY``'s, as a retry's: the n-th redo waits up to ``initial * 2 ** (n - 1)``
+        seconds, with jitter); tell the endpoint's limit."""
         self.cut_level = running if self.cut_level is None else min(self.cut_level, running)
         self.endpoint.cut(sent, trio.current_time(), running)
         self.cut_by[unit.model.name] += 1
         self.redos[unit.key] += 1
+        self.redo_due[unit.key] = trio.current_time() + BATCH_RETRY.backoff(
+            self.redos[unit.key], self._rng)
         self.redone += 1
         self._redoing += 1
         self.queues[unit.model.name].appendleft(unit)

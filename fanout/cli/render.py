@@ -40,7 +40,7 @@ from ..core.events import (
     ToolCallDelta,
     UsageReported,
 )
-from ..core.result import Flag, Outcome, StreamResult
+from ..core.result import Flag, Outcome, StreamResult, relayed_cut
 from ..records import (
     MIN_RATE_EVENTS,
     MIN_RATE_SPAN,
@@ -445,14 +445,15 @@ class Column:
         """How many other streams ran when the server cut this one (0: not a cut).
 
         A cut: the stream ended ``truncated``, or ``completed`` with an empty
-        answer (what a relay makes of a cut), while other streams of the same
+        answer (what a relay makes of a cut), or with a relay's in-band report of the
+        cut after some output (``relayed_cut``), while other streams of the same
         fan-out held a slot: what a server that serves one stream at a time
         (llama.cpp's single slot) does to the stream it was serving.
         """
         result = self.result
         if result is None or result.others_running <= 0:
             return 0
-        if result.outcome == Outcome.TRUNCATED or (
+        if result.outcome == Outcome.TRUNCATED or relayed_cut(result) or (
                 result.outcome == Outcome.COMPLETED and Flag.EMPTY_ANSWER in result.flags):
             return result.others_running
         return 0

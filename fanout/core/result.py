@@ -8,6 +8,7 @@ is ``None`` when it did not arrive, so "absent" and "empty" stay distinct.
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -24,7 +25,17 @@ __all__ = [
     "Timings",
     "ToolCall",
     "Usage",
+    "relayed_cut",
 ]
+
+#: A relay's words for the connection to its backend breaking (LiteLLM's
+#: ``APIConnectionError ... Connection error.``, an Envoy-style ``upstream connect
+#: error``, httpx's and aiohttp's exception names passed on as text).
+_CUT_WORDS = re.compile(
+    r"connection (?:error|reset|closed|aborted|lost|broken)|APIConnectionError|"
+    r"RemoteProtocolError|ReadError|server disconnected|peer closed connection|"
+    r"incomplete chunked read|upstream connect error|premature(?:ly)? (?:end|clos)|"
+    r"broken pipe|ECONNRESET|EPIPE|stream (?:was )?(?:reset|interrupted|cut)", re.I)
 
 
 class Outcome(enum.StrEnum):
@@ -317,3 +328,18 @@ class StreamResult:
             if choice.index == index:
                 return choice
         return None
+
+
+def relayed_cut(result: StreamResult) -> bool:
+    """Whether ``result`` is a relay's report that its backend's stream was cut: an
+    ``error`` that came in-band (an error event in a 2xx stream, not an HTTP status),
+    after some output or before any, whose words say the connection broke (LiteLLM's
+    "Connection error." when the server behind it cut the stream).  A cut, not a
+    refusal: the partial output is kept, and ``fanout batch`` redoes it as it redoes a
+    truncation."""
+    error = result.error
+    if result.outcome != Outcome.ERROR or error is None:
+        return False
+    if result.status is not None and not 200 <= result.status < 300:
+        return False
+    return bool(_CUT_WORDS.search(f"{error.message} {error.type or ''} {error.code or ''}"))

@@ -15,9 +15,10 @@ sends there (``run(endpoint, limit)``: a batch passes its own; alone, the
 runner makes one capped by ``[concurrency] max``): each judge request takes
 one of its slots, and its streams count in every stream's ``others_running``.
 A judge stream the server cut while others ran (it ended truncated, or with
-an empty answer, or completed without usage where the endpoint sends usage)
-lowers that limit and is asked again, at the front of the queue (at most
-``JUDGE_REDOS`` times): a cut verdict is never scored.  A judge model that
+an empty answer, or completed without usage where the same judge model's streams
+carry usage) lowers that limit and is asked again, at the front of the queue, after
+a back-off as a retry's (at most ``JUDGE_REDOS`` times): a cut verdict is never
+scored.  A judge model that
 ends that way with nothing else running does so on its own: its streams stop
 counting as cut.
 
@@ -35,6 +36,7 @@ text, usage and cost are kept in the score's ``judge`` object.
 from __future__ import annotations
 
 import difflib
+import random
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -45,7 +47,7 @@ import trio
 
 from ..config import JUDGE_CONCURRENCY, Config, ModelConfig
 from ..core.events import StreamFinished
-from ..core.result import Flag, Outcome, StreamResult
+from ..core.result import Flag, Outcome, StreamResult, relayed_cut
 from ..fanout import Fanout, open_fanout
 from ..ratelimit import EndpointLimit
 from ..request import Deadlines, Endpoint, RetryPolicy, StreamRequest
@@ -217,6 +219,8 @@ class Scoring:
         self.endpoint: EndpointLimit | None = None
         self._sent: dict[str, float] = {}  # judge key -> when its current attempt was sent
         self._redos: Counter[str] = Counter()  # judge key -> times asked again after a cut
+        self._redo_due: dict[str, float] = {}  # judge key -> when it may be asked again
+        self._rng = random.Random()
         self._redoing = 0  # judge requests waiting for or running their redo
         self._excused: set[str] = set()  # judge models that end cut-like with nothing else
         self._over_budget = False  # a judge request did not fit: no more judging this run
@@ -390,6 +394,10 @@ class Scoring:
                 await self._wake.wait()
                 continue
             job = self._queue[0]
+            due = self._redo_due.get(job.key)
+            if due is not None and trio.current_time() < due:
+                await trio.sleep_until(due)  # a redo's back-off: it stays queued meanwhile
+                continue
             if not await self._fits(job):
                 continue
             limit = self._limits[job.selected.name]
@@ -477,6 +485,8 @@ class Scoring:
                 # the server cut it for another stream: no verdict from a cut reply;
                 # asked again first, at the endpoint's lowered concurrency
                 self._redos[job.key] += 1
+                self._redo_due[job.key] = trio.current_time() + JUDGE_RETRY.backoff(
+                    self._redos[job.key], self._rng)
                 self._redoing += 1
                 tally.judge_cut += 1
                 self.endpoint.cut(sent, trio.current_time(), result.others_running + 1)
@@ -512,7 +522,7 @@ class Scoring:
             if Flag.EMPTY_ANSWER not in result.flags and (
                     result.usage is not None or name not in self.endpoint.usage_seen):
                 return False
-        elif result.outcome != Outcome.TRUNCATED:
+        elif result.outcome != Outcome.TRUNCATED and not relayed_cut(result):
             return False
         if name in self._excused:
             return False

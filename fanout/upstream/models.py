@@ -721,6 +721,13 @@ def _slot_cut(cut: str, chunks: _Chunks, request: ChatRequest, count: int, sent:
                                          "completion_tokens_details": {"reasoning_tokens": 0}}))
         yield Send(DONE)
         return
+    if cut == "litellm-error":  # LiteLLM in front, when it reports the backend's cut
+        yield Send(chunks.error_event({
+            "message": "litellm.APIConnectionError: APIConnectionError: OpenAIException - "
+                       f"Connection error.\nReceived Model Group={request.model}\n"
+                       "Available Model Group Fallbacks=None",
+            "type": None, "param": None, "code": "500"}))
+        return
     if cut == "relay":  # a LiteLLM-style relay in front turns the cut into a finished answer
         yield Send(chunks.event([{"index": i, "delta": {}, "finish_reason": "stop"}
                                  for i in range(count)]))
@@ -1270,6 +1277,9 @@ SCRIPTED_MODELS: dict[str, ModelSpec] = {spec.id: spec for spec in [
     ModelSpec("slot/litellm", "as slot/clean behind LiteLLM: the cut becomes finish_reason "
               "stop, usage (when asked) and [DONE], byte for byte a finished answer",
               _slot("litellm"), CHAT_ONLY),
+    ModelSpec("slot/litellm-error", "as slot/clean behind LiteLLM when it reports the cut: "
+              "an in-band error event, APIConnectionError ... Connection error.",
+              _slot("litellm-error"), CHAT_ONLY),
     ModelSpec("fault/no-usage", "mock/fast's answer without usage, even when asked",
               _no_usage),
     ModelSpec("fault/unfinished-choice", "mock/fast's n answers, the last one never "

@@ -516,7 +516,7 @@ def test_requests_the_server_refuses_get_no_advice_to_run_again(tmp_path: Path,
 
 # ---------------------------------------------------------------- a single-slot server
 
-@pytest.mark.parametrize("cut", ["clean", "broken", "relay"])
+@pytest.mark.parametrize("cut", ["clean", "broken", "relay", "litellm-error"])
 def test_a_single_slot_server_still_completes_every_unit(tmp_path: Path, cut: str) -> None:
     # Four model names, one server-wide slot: each new request cuts the stream that
     # holds it ([DONE] without a finish reason; then broken framing; or a relay's
@@ -537,8 +537,12 @@ def test_a_single_slot_server_still_completes_every_unit(tmp_path: Path, cut: st
     redone = [r for r in every if r["cut"]]
     assert redone and len(every) >= 40 + len(redone)  # each attempt is its own record
     assert all(r["others_running"] > 0 for r in redone)
-    assert {r["outcome"] for r in redone} == ({"completed"} if cut == "relay" else {"truncated"})
-    if cut != "relay":
+    assert {r["outcome"] for r in redone} == {"relay": {"completed"},
+                                              "litellm-error": {"error"}}.get(cut, {"truncated"})
+    if cut == "litellm-error":  # the relay's in-band error, after partial text or not: a cut
+        assert any(r["text"] for r in redone)
+        assert all("APIConnectionError" in r["reason"] for r in redone)
+    elif cut != "relay":
         assert {r["reason"] for r in redone} == {
             "[DONE] arrived but no choice had a finish reason (the server cut the stream)"}
     assert max(r["redo"] for r in final.values()) >= 1

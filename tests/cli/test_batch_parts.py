@@ -540,6 +540,50 @@ async def test_a_unit_is_redone_at_most_max_redos_times(tmp_path: Path) -> None:
     assert session.cut_lines()[1] == f"1 stream was still cut after {MAX_REDOS} redos"
 
 
+class _Submits:
+    """A fan-out that records when each request was submitted."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, float]] = []
+
+    async def submit(self, request: Any) -> None:
+        self.sent.append((request.key, trio.current_time()))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_redos_back_off_as_retries_do(tmp_path: Path, seed: int) -> None:
+    # A dead server cuts (or refuses) every redo: each redo of a unit waits longer than
+    # the one before (up to BATCH_RETRY's ceiling for that redo), never all at once.
+    from fanout.batch.options import BATCH_RETRY, MAX_REDOS
+
+    async def main() -> list[float]:
+        session, work = _session(tmp_path / str(seed))
+        session._rng.seed(seed)
+        unit = work[0]
+        session.queues["b"].clear()
+        fan = _Submits()
+        waits: list[float] = []
+        _send(session, unit)
+        for n in range(1, MAX_REDOS + 1):
+            cut_at = trio.current_time()
+            assert _end(session, unit, Outcome.TRUNCATED, others=1)["cut"] is True
+            due = session.redo_due[unit.key]
+            assert cut_at <= due <= cut_at + min(BATCH_RETRY.maximum,
+                                                 BATCH_RETRY.initial * 2 ** (n - 1))
+            # The model's submitter sends the redo only once it is due (then waits, with
+            # the redo pending, until this test gives up on it).
+            with trio.move_on_after(100):
+                await session._submit_model(fan, "a")
+            key, sent = fan.sent[-1]
+            assert key == unit.key and sent == pytest.approx(due)
+            waits.append(sent - cut_at)
+        return waits
+
+    waits = trio.run(main, clock=MockClock(autojump_threshold=0))
+    assert len(waits) == MAX_REDOS and all(w >= 0 for w in waits)
+    assert sum(waits) > 0
+
+
 async def test_the_same_ending_alone_means_it_was_no_cut(tmp_path: Path) -> None:
     session, work = _session(tmp_path)
     a0, a1, a2, b0 = work[0], work[2], work[4], work[1]

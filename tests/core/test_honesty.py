@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -340,3 +341,23 @@ def test_content_events_count_only_content() -> None:
                     chunk(usage={"completion_tokens": 2}))
     result = parse_stream([body])
     assert (result.events, result.content_events) == (6, 2)
+
+
+def test_a_relays_in_band_connection_error_is_a_cut_and_nothing_else_is() -> None:
+    from fanout.core.result import ChoiceResult, Outcome, StreamError, StreamResult, relayed_cut
+    text = (ChoiceResult(0, text="The capital of"),)
+    litellm = StreamError("litellm.APIConnectionError: APIConnectionError: OpenAIException - "
+                          "Connection error.", None, "500")
+
+    def result(error: StreamError | None, outcome: Outcome = Outcome.ERROR,
+               status: int | None = 200) -> StreamResult:
+        return StreamResult(outcome, choices=text, error=error, status=status)
+
+    assert relayed_cut(result(litellm))
+    assert relayed_cut(attrs.evolve(result(litellm), choices=()))  # before any output too
+    assert relayed_cut(result(StreamError("upstream connect error or disconnect/reset")))
+    assert not relayed_cut(result(litellm, status=500))  # an HTTP error: not in-band
+    assert not relayed_cut(result(StreamError("Rate limit reached", "rate_limit_error")))
+    assert not relayed_cut(result(StreamError("The model produced invalid content")))
+    assert not relayed_cut(result(None, Outcome.TRUNCATED))
+    assert not relayed_cut(result(litellm, Outcome.COMPLETED))
