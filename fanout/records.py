@@ -314,8 +314,12 @@ def _since(end: float | None, start: float | None, *, floor: float | None = None
 def _usage(usage: Usage | None) -> dict[str, Any] | None:
     if usage is None:
         return None
-    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.total_tokens}
+    counts: dict[str, Any] = {"prompt_tokens": usage.prompt_tokens,
+                              "completion_tokens": usage.completion_tokens,
+                              "total_tokens": usage.total_tokens}
+    if usage.per_choice:  # the server sent usage per choice: these are their sums
+        counts["per_choice"] = [_usage(part) for part in usage.per_choice]
+    return counts
 
 
 def _thinking(block: ThinkingBlock) -> dict[str, Any]:

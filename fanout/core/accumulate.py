@@ -53,6 +53,7 @@ from .result import (
     Timings,
     ToolCall,
     Usage,
+    added_usage,
     has_output,
     is_blank,
 )
@@ -66,6 +67,9 @@ _MAX_REASON = 300
 #: Fragments of a text kept apart before they are joined into one string: a string
 #: object per token costs ~50 bytes beyond its characters (12 KB of a 200-token answer).
 _PACK = 32
+#: Usage reports looked at for one per choice; more are a running total (vLLM's
+#: continuous usage stats send one on every chunk).
+MAX_USAGE_REPORTS = 16
 
 
 def _pack(pieces: list[str], packed: int) -> int:
@@ -123,6 +127,7 @@ class Accumulator:
     __slots__ = (
         "_choices",
         "_schemas",
+        "_usage_reports",
         "content_events",
         "content_key",
         "done",
@@ -169,6 +174,8 @@ class Accumulator:
         self.done = False
         self.error: StreamError | None = None
         self.usage: Usage | None = None
+        #: (choices finished, usage) of each usage sent; ``None`` past a few of them.
+        self._usage_reports: list[tuple[int, Usage]] | None = []
         self.response_id: str | None = None
         self.model: str | None = None
         self.system_fingerprint: str | None = None
@@ -303,6 +310,28 @@ class Accumulator:
 
     def _usage(self, event: UsageReported) -> None:
         self.usage = event.usage
+        # How many choices had finished when each usage came: one usage after each
+        # choice's finish is usage per choice (llama.cpp with n > 1), added up in
+        # ``result``; any other pattern (one at the end, one on every chunk) is a total.
+        reports = self._usage_reports
+        if reports is not None:
+            if len(reports) >= MAX_USAGE_REPORTS:
+                self._usage_reports = None  # usage on every chunk: a running total
+            else:
+                finished = sum(1 for c in self._choices.values()
+                               if c.finish_reason is not None)
+                reports.append((finished, event.usage))
+
+    def _reported_usage(self) -> Usage | None:
+        """The response's usage: the last one sent, or the choices' added up when the
+        server sent one after each choice's finish."""
+        reports = self._usage_reports
+        count = len(self._choices)
+        if reports is None or count < 2 or len(reports) != count:
+            return self.usage
+        if [finished for finished, _ in reports] != list(range(1, count + 1)):
+            return self.usage
+        return added_usage(usage for _, usage in reports)
 
     def _error(self, event: ErrorReported) -> None:
         if self.error is None:  # the first error is the cause; later ones are echoes
@@ -442,7 +471,7 @@ class Accumulator:
             choices=choices,
             reason=why,
             flags=flags,
-            usage=self.usage,
+            usage=self._reported_usage(),
             error=self.error,
             response_id=self.response_id,
             model=self.model,

@@ -25,6 +25,7 @@ __all__ = [
     "Timings",
     "ToolCall",
     "Usage",
+    "added_usage",
     "relayed_cut",
 ]
 
@@ -88,12 +89,21 @@ class StreamError:
 
 @attrs.frozen(slots=True)
 class Usage:
-    """Token counts from a ``usage`` object; ``raw`` keeps every detail sent."""
+    """Token counts from a ``usage`` object; ``raw`` keeps every detail sent.
+
+    ``per_choice``: empty when the server sent one usage for the whole response
+    (OpenAI: one chunk at the end; the last one kept when several came); else the
+    usage it sent for each choice (llama.cpp with ``n`` > 1 sends one after each
+    choice's finish), which these counts add up: completion tokens summed, the
+    prompt's counted once when every choice reports the same one (one prompt), and
+    ``raw`` holds the three sums and ``per_choice``, each choice's as sent.
+    """
 
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     total_tokens: int | None = None
     raw: Mapping[str, Any] = attrs.field(factory=dict, eq=True, repr=False)
+    per_choice: tuple[Usage, ...] = ()
 
     @classmethod
     def from_dict(cls, usage: Mapping[str, Any]) -> Usage:
@@ -102,6 +112,33 @@ class Usage:
             _count(usage, "prompt_tokens"), _count(usage, "completion_tokens"),
             _count(usage, "total_tokens"), usage,
         )
+
+
+def added_usage(reports: Iterable[Usage]) -> Usage:
+    """One ``Usage`` for a response whose server sent one per choice (``reports``, in
+    order): see ``Usage.per_choice``."""
+    parts = tuple(reports)
+    prompts = [u.prompt_tokens for u in parts]
+    if None in prompts:
+        prompt = None
+    elif len(set(prompts)) == 1:
+        prompt = prompts[0]  # the same prompt, counted by each choice
+    else:
+        prompt = sum(p for p in prompts if p is not None)
+    completions = [u.completion_tokens for u in parts]
+    completion = None if None in completions else sum(
+        c for c in completions if c is not None)
+    if prompt is not None and completion is not None:
+        total: int | None = prompt + completion
+    else:
+        totals = [u.total_tokens for u in parts]
+        total = None if None in totals else sum(t for t in totals if t is not None)
+    raw: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                           "total_tokens": total, "per_choice": [dict(u.raw) for u in parts]}
+    costs = [u.raw.get("cost") for u in parts]
+    if all(type(c) in (int, float) for c in costs):
+        raw["cost"] = sum(c for c in costs if isinstance(c, int | float))
+    return Usage(prompt, completion, total, raw, parts)
 
 
 def _count(usage: Mapping[str, Any], name: str) -> int | None:

@@ -710,6 +710,15 @@ def _slot_stream(request: ChatRequest, answers: list[_Choice], pauses: Iterator[
     yield Send(DONE)
 
 
+#: LiteLLM 1.108's event, byte for byte, when the connection to its backend closes or
+#: resets mid-stream (seen with a server closing with FIN, with RST, and a llama.cpp
+#: killed mid-answer); the chunked body then ends cleanly, without [DONE].
+LITELLM_CONNECTION_ERROR = (
+    b'data: {"error": {"message": "litellm.APIConnectionError: APIConnectionError: '
+    b'OpenAIException - Connection error.", "type": null, "param": null, "code": "500"}}'
+    b"\n\n")
+
+
 def _slot_cut(cut: str, chunks: _Chunks, request: ChatRequest, count: int, sent: int
               ) -> Iterator[Step]:
     if cut == "litellm":  # LiteLLM in front: a finish, usage, [DONE], as a real end sends
@@ -721,12 +730,8 @@ def _slot_cut(cut: str, chunks: _Chunks, request: ChatRequest, count: int, sent:
                                          "completion_tokens_details": {"reasoning_tokens": 0}}))
         yield Send(DONE)
         return
-    if cut == "litellm-error":  # LiteLLM in front, when it reports the backend's cut
-        yield Send(chunks.error_event({
-            "message": "litellm.APIConnectionError: APIConnectionError: OpenAIException - "
-                       f"Connection error.\nReceived Model Group={request.model}\n"
-                       "Available Model Group Fallbacks=None",
-            "type": None, "param": None, "code": "500"}))
+    if cut == "litellm-error":  # LiteLLM 1.108 when its backend's connection closes or resets
+        yield Send(LITELLM_CONNECTION_ERROR)  # then the body ends cleanly: no [DONE]
         return
     if cut == "relay":  # a LiteLLM-style relay in front turns the cut into a finished answer
         yield Send(chunks.event([{"index": i, "delta": {}, "finish_reason": "stop"}
@@ -771,6 +776,29 @@ def _unfinished_choice(request: ChatRequest, context: Context) -> Plan:
         return _completion(request, answers)
     steps = _stream(request, answers, _pauses(request, context, 0.0))
     return Plan(200, SSE_HEADERS, steps=steps, fragment=request.fragment)
+
+
+def _usage_per_choice(request: ChatRequest, context: Context) -> Plan:
+    """mock/fast's ``n`` answers as llama.cpp sends them: after each choice's finish
+    chunk, a usage chunk of that choice alone (its completion tokens, the prompt's
+    tokens again), then ``[DONE]``."""
+    answers = _answer(request, "text")
+    if not request.stream:
+        return _completion(request, answers)
+
+    def steps() -> Iterator[Step]:
+        chunks = _Chunks(request)
+        yield Send(chunks.role(len(answers)))
+        for index, part in _interleaved(answers):
+            yield Send(chunks.part(index, part))
+        for index, answer in enumerate(answers):
+            yield Send(chunks.event([{"index": index, "delta": {}, "logprobs": None,
+                                      "finish_reason": answer.finish_reason}]))
+            if request.include_usage:
+                yield Send(chunks.event([], _usage(request, [answer])))
+        yield Send(DONE, terminal=True)
+
+    return Plan(200, SSE_HEADERS, steps=steps(), fragment=request.fragment)
 
 
 ECHO_MARKER = "fanout-echo-no-authorization-header"  # echoed when no key was sent
@@ -1285,6 +1313,9 @@ SCRIPTED_MODELS: dict[str, ModelSpec] = {spec.id: spec for spec in [
     ModelSpec("fault/unfinished-choice", "mock/fast's n answers, the last one never "
               "finished (no finish_reason), then usage and [DONE]", _unfinished_choice,
               CHAT_ONLY),
+    ModelSpec("fault/usage-per-choice", "mock/fast's n answers, each choice's finish "
+              "followed by a usage chunk of its own (llama.cpp with n > 1)",
+              _usage_per_choice, CHAT_ONLY),
     ModelSpec("fault/empty-stop", "the role chunk, then finish_reason stop with no content",
               _empty_stop),
     ModelSpec("fault/echo-key", "echoes the bearer token back (:WHERE: stream-error, "

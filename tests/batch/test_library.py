@@ -270,3 +270,26 @@ def test_a_model_without_usage_beside_one_with_usage_is_not_taken_for_cut(
     quiet = [r for r in records if r["model"] == "quiet"]
     assert len(quiet) == 12 and all("missing_usage" in r["flags"] for r in quiet)
     assert not [line for line in notes if "cut" in line or "concurrency" in line]
+
+
+def test_usage_sent_per_choice_is_added_up_in_the_record(tmp_path: Path) -> None:
+    # A server that sends usage after each choice (llama.cpp with n = 2): the record's
+    # usage is their sum, and says it was per choice; one sent for the whole response
+    # (mock/fast) is kept as it came.
+    config = CONFIG.split("[[models]]")[0] + (
+        '[[models]]\nname = "per-choice"\nid = "fault/usage-per-choice"\nparams = { n = 2 }\n'
+        '[[models]]\nname = "fast"\nid = "mock/fast"\nparams = { n = 2 }\n')
+    prompts, config_path = _setup(tmp_path, 1, config)
+    output = tmp_path / "results.jsonl"
+    summary = fanout.batch.run_sync(BatchOptions(prompts=prompts, output=str(output),
+                                                 config=config_path))
+    assert summary.exit_code == 0
+    by_model = {r["model"]: r for r in _records(output)}
+    per_choice, whole = by_model["per-choice"]["usage"], by_model["fast"]["usage"]
+    parts = per_choice["per_choice"]
+    assert len(parts) == 2 and all(p["prompt_tokens"] == per_choice["prompt_tokens"]
+                                   for p in parts)
+    assert per_choice["completion_tokens"] == sum(p["completion_tokens"] for p in parts)
+    assert per_choice["total_tokens"] == (per_choice["prompt_tokens"]
+                                          + per_choice["completion_tokens"])
+    assert "per_choice" not in whole and whole["completion_tokens"] > 0

@@ -338,3 +338,58 @@ def test_long_text_is_joined_as_it_comes(fold: str) -> None:
     assert choice.refusal == "".join(t[::-1] for t in tokens)
     assert choice.tool_calls[0].arguments == "".join(tokens)
     assert len(acc.texts(0)) <= 1000 // 32 + 32
+
+
+# ------------------------------------------------------------- usage per choice
+
+def _usage(prompt: int, completion: int, **extra: object) -> dict[str, object]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion, **extra}
+
+
+def test_usage_sent_after_each_choice_finish_is_added_up() -> None:
+    # llama.cpp with n = 2 (captured from its native server): choice 0 finishes, its
+    # usage; choice 1 goes on, finishes, its usage.  52 tokens, not the last chunk's 40.
+    body = sse_body(chunk(delta(0, content="a"), delta(1, content="b")),
+                    chunk(delta(0, finish_reason="stop")),
+                    chunk(usage=_usage(38, 12, prompt_tokens_details={"cached_tokens": 0})),
+                    chunk(delta(1, content="c")), chunk(delta(1, finish_reason="length")),
+                    chunk(usage=_usage(38, 2, cost=0.25)))
+    result = parse_stream([body], expect_choices=2)
+    usage = result.usage
+    assert usage is not None
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (38, 14, 52)
+    assert [(u.prompt_tokens, u.completion_tokens) for u in usage.per_choice] == [
+        (38, 12), (38, 2)]
+    assert usage.raw["per_choice"][0]["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert "cost" not in usage.raw  # only one of them said its cost
+    assert result.outcome == Outcome.COMPLETED and not result.flags
+
+
+@pytest.mark.parametrize("body", [
+    # OpenAI: both choices finish, then one usage for the response.
+    sse_body(chunk(delta(0, content="a"), delta(1, content="b")),
+             chunk(delta(0, finish_reason="stop")), chunk(delta(1, finish_reason="stop")),
+             chunk(usage=_usage(38, 40))),
+    # A relay that repeats the final usage.
+    sse_body(chunk(delta(0, content="a"), delta(1, content="b")),
+             chunk(delta(0, finish_reason="stop"), delta(1, finish_reason="stop")),
+             chunk(usage=_usage(38, 2)), chunk(usage=_usage(38, 40))),
+    # vLLM's continuous usage stats: a running total on every chunk.
+    sse_body(chunk(delta(0, content="a"), usage=_usage(38, 1)),
+             chunk(delta(1, content="b"), usage=_usage(38, 2)),
+             chunk(delta(0, finish_reason="stop"), usage=_usage(38, 20)),
+             chunk(delta(1, finish_reason="stop"), usage=_usage(38, 40))),
+])
+def test_one_usage_for_the_response_is_kept_as_sent(body: bytes) -> None:
+    usage = parse_stream([body], expect_choices=2).usage
+    assert usage is not None and usage.per_choice == ()
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (38, 40, 78)
+
+
+def test_usage_per_choice_with_costs_adds_the_costs() -> None:
+    body = sse_body(chunk(delta(0, content="a"), delta(1, content="b")),
+                    chunk(delta(1, finish_reason="stop")), chunk(usage=_usage(5, 1, cost=0.5)),
+                    chunk(delta(0, finish_reason="stop")), chunk(usage=_usage(5, 3, cost=1)))
+    usage = parse_stream([body], expect_choices=2).usage
+    assert usage is not None and usage.raw["cost"] == 1.5 and usage.total_tokens == 9
