@@ -226,3 +226,28 @@ def test_dechunk_helper() -> None:
     assert dechunk(b"3\r\nabc\r\n0\r\n\r\n").complete
     broken = dechunk(b"3\r\nabc\r\n8\r\nabcd")
     assert (broken.chunks, broken.complete, broken.rest) == ((b"abc",), False, b"8\r\nabcd")
+
+
+async def test_ping_then_answer_sends_only_keepalives_then_the_answer(
+        autojump_clock: MockClock) -> None:
+    # llama.cpp on a long prompt: the headers, a `: ping` each interval, then the answer.
+    async with virtual_upstream() as upstream:
+        client = upstream.connect("fault/ping-then-answer:1:0.1")
+        await client.wait_for(lambda c: c.body.complete)
+    _, *writes = client.writes  # the headers first, at once
+    bodies = [dechunk(data).body for _, data in writes]
+    assert [round(at, 6) for at, _ in writes[:9]] == [round(0.1 * k, 6) for k in range(1, 10)]
+    assert set(bodies[:9]) == {b": ping - fanout keep-alive\n\n"}
+    assert writes[9][0] == pytest.approx(1.0)  # then the whole answer, at cadence 0
+    answer = parse_stream(bodies[9:])
+    assert answer.outcome is Outcome.COMPLETED and answer.text and answer.comments == 0
+
+
+async def test_ping_then_answer_interval_zero_is_silence(autojump_clock: MockClock) -> None:
+    async with virtual_upstream() as upstream:
+        client = upstream.connect("fault/ping-then-answer:2:0")
+        await client.wait_for(lambda c: c.body.complete)
+    (_, head), (at, _), *_ = client.writes
+    assert head.startswith(b"HTTP/1.1 200") and at == pytest.approx(2.0)
+    assert b": ping" not in client.data
+
