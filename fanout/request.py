@@ -187,10 +187,13 @@ class Deadlines:
     the first body byte (a server that never answers, or drips its headers
     forever, ends here).  ``first_token``: from the request to the first
     content delta.  ``idle``: the longest gap between events once the response
-    began (keep-alive comments do not count as events: a relay can send them
-    forever while the model is stuck; bytes that never complete an event do
-    not count either).  ``total``: the whole stream, retries included, from
-    when it got its concurrency slot.
+    began.  Before the first content, keep-alives count too (comments, events
+    the dialect ignores such as Anthropic's ``ping``): a server evaluating a
+    long prompt sends only those, and ``first_token`` (else ``total``) bounds
+    that wait.  After it they do not: a relay can send them forever while the
+    model is stuck.  Bytes that never complete an event never count.
+    ``total``: the whole stream, retries included, from when it got its
+    concurrency slot.
 
     The defaults bound every stream, so no server can hang a fan-out forever:
     connect 10 s, first byte 300 s, idle 300 s (a reasoning model may think

@@ -131,6 +131,13 @@ class StreamParser:
         return self._stopped
 
     @property
+    def heard(self) -> int:
+        """SSE events and comments read so far: each a sign the server is alive, content
+        or not (a keep-alive comment, an event the dialect ignores such as Anthropic's
+        ``ping``); bytes that complete neither do not count."""
+        return self._sse_events + self._decoder.comments
+
+    @property
     def accumulator(self) -> Accumulator:
         """The accumulator (read-only use: a live view's snapshot)."""
         return self._accumulator

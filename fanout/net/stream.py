@@ -5,8 +5,9 @@ Cancel scopes, from the outside in:
 - the stream's scope: ``cancel()`` (the caller), the ``total`` deadline and
   the fan-out's deadline; it also covers the wait for a concurrency slot;
 - one scope per attempt whose deadline is the earliest of ``first_byte``,
-  ``first_token`` and ``idle`` (moved by every event, never by keep-alive
-  comments); the name of the one that fired is recorded.
+  ``first_token`` and ``idle`` (moved by every event; before the first content
+  also by keep-alive comments and events the dialect ignores, never after it);
+  the name of the one that fired is recorded.
 
 Every expected failure ends as data on the ``StreamResult``; only bugs
 propagate.  The final ``StreamFinished`` is sent whatever ends the stream:
@@ -616,6 +617,14 @@ class StreamRunner:
             return
         last_event: float | None = None
         single = _Single()
+        # Before the first content, whatever the server says moves the idle deadline:
+        # a keep-alive comment or an event the dialect ignores (llama.cpp's `: ping`
+        # while it evaluates a long prompt, Anthropic's ``ping``), counted by the
+        # parser (``heard``); ``first_token`` bounds that wait, else ``total``.  Once
+        # content came, only events do: a relay can send keep-alives forever while the
+        # model is stuck.  Checked only on reads that completed no event, while waiting.
+        waiting = bool(idle)
+        heard = 0
         async for raw in body_reader(response) or _body(response):
             if self._stop_reading:
                 continue  # cancelled: the cancellation lands inside httpx's iterator
@@ -646,6 +655,9 @@ class StreamRunner:
                             await self._deliver_waiting(rest)
                     else:
                         await self._deliver(events, end)
+                        if waiting:
+                            waiting = not end.delivered
+                            heard = parser.heard
                     if idle:  # re-armed after delivery: a slow consumer is not an idle upstream
                         if self._idle_watch is not None:
                             self.idle_due = trio.current_time() + idle
@@ -653,6 +665,10 @@ class StreamRunner:
                                 self._idle_watch.arm(self)
                         else:
                             self._arm_idle(trio.current_time() + idle)
+                elif waiting and parser.heard != heard:  # a keep-alive, before any content
+                    heard = parser.heard
+                    assert idle
+                    self._arm_idle(trio.current_time() + idle)
                 if parser.stopped:
                     break
             if inflater is not None and inflater.error is not None and not parser.stopped:

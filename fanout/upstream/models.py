@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -440,8 +441,14 @@ def _overrun(request: ChatRequest, context: Context) -> Plan:
 
 
 def _arg(request: ChatRequest, default: float) -> float:
+    return _arg_at(request, 0, default)
+
+
+def _arg_at(request: ChatRequest, index: int, default: float) -> float:
+    """The ``index``-th ``:ARG`` as a number (``_arg`` is the first), else ``default``."""
+    args = request.args
     try:
-        return float(request.args[0]) if request.args and request.args[0] else default
+        return float(args[index]) if len(args) > index and args[index] else default
     except ValueError:
         return default
 
@@ -524,6 +531,22 @@ def _pings(request: ChatRequest, context: Context) -> Plan:
     if not request.stream:
         return Plan(200, raw=True, steps=[Hang()])
     return Plan(200, SSE_HEADERS, steps=steps(), fragment=request.fragment)
+
+
+def _ping_then_answer(request: ChatRequest, steps: Iterator[Step]) -> Iterator[Step]:
+    """``fault/ping-then-answer:SECONDS:INTERVAL``: llama.cpp evaluating a long prompt.
+    The headers, then only keep-alives (``: ping`` comments; Anthropic's ``ping``
+    events) INTERVAL apart (default 1; 0: none, silence) for SECONDS (default 2), then
+    mock/fast's whole answer, its first event included."""
+    seconds = max(0.0, _arg(request, 2.0))
+    interval = _arg_at(request, 1, 1.0)
+    ping = encoder(request).ping()
+    count = 0 if interval <= 0 else max(0, math.ceil(seconds / interval - 1e-9) - 1)
+    for _ in range(count):  # none at SECONDS itself: the answer comes then
+        yield Pause(interval)
+        yield Send(ping)
+    yield Pause(seconds - count * interval)
+    yield from steps
 
 
 def _slow_first_token(request: ChatRequest, steps: Iterator[Step]) -> Iterator[Step]:
@@ -1275,6 +1298,10 @@ SCRIPTED_MODELS: dict[str, ModelSpec] = {spec.id: spec for spec in [
               "the others: comments) :SECONDS apart (default 0.2), forever", _pings),
     ModelSpec("fault/slow-first-token", "the first content after a delay (:SECONDS, default 2)",
               _fault(_slow_first_token)),
+    ModelSpec("fault/ping-then-answer", "llama.cpp on a long prompt: only keep-alives "
+              "(`: ping` comments, Anthropic's ping events) :INTERVAL apart (default 1; 0: "
+              "silence) for :SECONDS (default 2), then the whole answer",
+              _fault(_ping_then_answer)),
     ModelSpec("fault/garbage", "a malformed JSON frame after every 4th good one",
               _fault(_garbage)),
     ModelSpec("fault/huge-event", "one event of :BYTES (default 16 MiB), sent slowly",

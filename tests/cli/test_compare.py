@@ -531,3 +531,20 @@ def test_a_single_slot_server_cuts_one_of_two_and_compare_says_so(tmp_path: Path
     path.write_text(path.read_text().replace('base_url = "embedded"\n',
                                              'base_url = "embedded"\n[concurrency]\nmax = 1\n'))
     assert compare(str(path))[0] == 0  # what it advised: one at a time
+
+
+def test_a_long_prompt_with_keepalives_is_not_idle(tmp_path: Path) -> None:
+    # #27: llama.cpp sends only `: ping` while it evaluates a long prompt.  Before the first
+    # content a keep-alive moves the idle deadline; silence still ends the stream by it.
+    path = tmp_path / "fanout.toml"
+    path.write_text('[endpoint]\nbase_url = "embedded"\n\n[deadlines]\nidle = 0.5\n'
+                    'total = 20\n\n[[models]]\nname = "pinging"\n'
+                    'id = "fault/ping-then-answer:1.5:0.05"\n\n[[models]]\nname = "silent"\n'
+                    'id = "fault/ping-then-answer:1.5:0"\n')
+    status, out, _ = compare(str(path), "pinging", "silent", json_lines=True)
+    results = {r["stream"]: r for r in map(json.loads, out.splitlines()) if r["type"] == "result"}
+    assert results["pinging"]["outcome"] == "completed", results["pinging"]
+    assert results["pinging"]["text"]
+    assert (results["silent"]["outcome"], results["silent"]["timed_out"]) == ("timed_out", "idle")
+    assert results["silent"]["reason"] == "no event within 0.5 s"
+    assert status == 1  # the silent one failed the run

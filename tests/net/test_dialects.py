@@ -201,13 +201,16 @@ async def test_529_needs_a_retry_policy_that_lists_it(upstream: RunningUpstream)
     assert 529 in RetryPolicy().statuses
 
 
-async def test_pings_alone_are_no_events(upstream: RunningUpstream) -> None:
-    idle = Deadlines(idle=0.3, total=10)
-    results, _ = await run(upstream, ask("fault/pings:0.02", "anthropic", deadlines=idle),
-                           ask("fault/pings:0.02", "responses", deadlines=idle))
+async def test_pings_alone_are_no_content(upstream: RunningUpstream) -> None:
+    # Before the first content keep-alives (Anthropic's ping events, comments) show the
+    # server is alive, so idle never fires; no ping is content: first_token ends the wait.
+    waits = Deadlines(idle=0.3, first_token=1.0, total=10)
+    results, _ = await run(upstream, ask("fault/pings:0.02", "anthropic", deadlines=waits),
+                           ask("fault/pings:0.02", "responses", deadlines=waits))
     for api in DIALECTS:
         result = results[f"fault/pings:0.02/{api}"]
-        assert result.outcome is Outcome.TIMED_OUT and result.timed_out == "idle"
+        assert result.outcome is Outcome.TIMED_OUT and result.timed_out == "first_token"
+        assert not result.choices or not result.text
 
 
 @pytest.mark.parametrize("api", DIALECTS)

@@ -9,7 +9,7 @@ import pytest
 import trio
 from trio.testing import MockClock
 
-from fanout import Outcome, parse_stream
+from fanout import Deadlines, Endpoint, Outcome, StreamRequest, open_fanout, parse_stream
 from fanout.upstream import RunningUpstream
 from fanout.upstream.bomb import EVENT, MIB, gzip_bomb_size
 from fanout.upstream.catalog import plan_chat
@@ -226,3 +226,51 @@ def test_dechunk_helper() -> None:
     assert dechunk(b"3\r\nabc\r\n0\r\n\r\n").complete
     broken = dechunk(b"3\r\nabc\r\n8\r\nabcd")
     assert (broken.chunks, broken.complete, broken.rest) == ((b"abc",), False, b"8\r\nabcd")
+
+
+async def test_ping_then_answer_sends_only_keepalives_then_the_answer(
+        autojump_clock: MockClock) -> None:
+    # llama.cpp on a long prompt: the headers, a `: ping` each interval, then the answer.
+    async with virtual_upstream() as upstream:
+        client = upstream.connect("fault/ping-then-answer:1:0.1")
+        await client.wait_for(lambda c: c.body.complete)
+    _, *writes = client.writes  # the headers first, at once
+    bodies = [dechunk(data).body for _, data in writes]
+    assert [round(at, 6) for at, _ in writes[:9]] == [round(0.1 * k, 6) for k in range(1, 10)]
+    assert set(bodies[:9]) == {b": ping - fanout keep-alive\n\n"}
+    assert writes[9][0] == pytest.approx(1.0)  # then the whole answer, at cadence 0
+    answer = parse_stream(bodies[9:])
+    assert answer.outcome is Outcome.COMPLETED and answer.text and answer.comments == 0
+
+
+async def test_ping_then_answer_interval_zero_is_silence(autojump_clock: MockClock) -> None:
+    async with virtual_upstream() as upstream:
+        client = upstream.connect("fault/ping-then-answer:2:0")
+        await client.wait_for(lambda c: c.body.complete)
+    (_, head), (at, _), *_ = client.writes
+    assert head.startswith(b"HTTP/1.1 200") and at == pytest.approx(2.0)
+    assert b": ping" not in client.data
+
+
+@pytest.mark.parametrize("api", ["chat", "responses", "anthropic"])
+async def test_a_27_s_prompt_with_keepalives_is_no_idle_stream(autojump_clock: MockClock,
+                                                                api: str) -> None:
+    # #27: `idle = 5`, a 27 s prompt, a keep-alive a second (Anthropic: ping events).  On
+    # virtual time through fanout's own client: the times are exact.
+    requests = [StreamRequest(f"{model}/{api}", model, [{"role": "user", "content": "hi"}],
+                              api=api)
+                for model in ("fault/ping-then-answer:27:1", "fault/ping-then-answer:27:0")]
+    async with virtual_upstream() as upstream:
+        endpoint = Endpoint("http://upstream.test/v1", "sk-virtual")
+        async with (upstream.http_client(timeout=httpx.Timeout(10, read=None)) as client,
+                    open_fanout(endpoint, requests, client=client,
+                                deadlines=Deadlines(idle=5)) as fan):
+            async for _ in fan.events:
+                pass
+    pinged = fan.results[f"fault/ping-then-answer:27:1/{api}"]
+    assert pinged.outcome is Outcome.COMPLETED, pinged.reason
+    assert pinged.timings is not None and pinged.timings.ttft == pytest.approx(27.0)
+    silent = fan.results[f"fault/ping-then-answer:27:0/{api}"]  # no keep-alive: idle
+    assert (silent.outcome, silent.timed_out) == (Outcome.TIMED_OUT, "idle")
+    assert silent.reason == "no event within 5 s"
+    assert silent.timings is not None and silent.timings.end == pytest.approx(5.0)
