@@ -186,12 +186,13 @@ class Deadlines:
     ``connect``: to open the connection.  ``first_byte``: from the request to
     the first body byte (a server that never answers, or drips its headers
     forever, ends here).  ``first_token``: from the request to the first
-    content delta.  ``idle``: the longest gap between events once the response
-    began.  Before the first content, keep-alives count too (comments, events
-    the dialect ignores such as Anthropic's ``ping``): a server evaluating a
-    long prompt sends only those, and ``first_token`` (else ``total``) bounds
-    that wait.  After it they do not: a relay can send them forever while the
-    model is stuck.  Bytes that never complete an event never count.
+    content delta; while it is set it alone bounds the wait for the first content
+    (a server evaluating a long prompt may send nothing at all).  ``idle``: the
+    longest gap between events, from the first content when ``first_token`` is set,
+    else from the response's headers, keep-alives counting before the first content
+    (comments, events the dialect ignores such as Anthropic's ``ping``) and never
+    after it: a relay can send them forever while the model is stuck.  Bytes that
+    never complete an event never count.
     ``total``: the whole stream, retries included, from when it got its
     concurrency slot.
 

@@ -6,8 +6,9 @@ Cancel scopes, from the outside in:
   the fan-out's deadline; it also covers the wait for a concurrency slot;
 - one scope per attempt whose deadline is the earliest of ``first_byte``,
   ``first_token`` and ``idle`` (moved by every event; before the first content
-  also by keep-alive comments and events the dialect ignores, never after it);
-  the name of the one that fired is recorded.
+  not armed while ``first_token`` is set, else moved by keep-alive comments and
+  events the dialect ignores too, never after it); the name of the one that
+  fired is recorded.
 
 Every expected failure ends as data on the ``StreamResult``; only bugs
 propagate.  The final ``StreamFinished`` is sent whatever ends the stream:
@@ -604,7 +605,11 @@ class StreamRunner:
             end.retry_after = self.retry.retry_after(response.headers)
             return
         idle = self.deadlines.idle
-        if idle:
+        # Before the first content, a set ``first_token`` governs alone: idle starts at
+        # the first content (llama.cpp sends nothing at all while it evaluates a long
+        # prompt, up to its first keep-alive at 30 s).
+        held = bool(idle) and bool(self.deadlines.first_token)
+        if idle and not held:
             self._arm_idle(trio.current_time() + idle)
         content_type = response.headers.get("content-type", "")
         if content_type and "event-stream" not in content_type:
@@ -617,12 +622,12 @@ class StreamRunner:
             return
         last_event: float | None = None
         single = _Single()
-        # Before the first content, whatever the server says moves the idle deadline:
-        # a keep-alive comment or an event the dialect ignores (llama.cpp's `: ping`
-        # while it evaluates a long prompt, Anthropic's ``ping``), counted by the
-        # parser (``heard``); ``first_token`` bounds that wait, else ``total``.  Once
-        # content came, only events do: a relay can send keep-alives forever while the
-        # model is stuck.  Checked only on reads that completed no event, while waiting.
+        # Before the first content, with no ``first_token`` set, whatever the server says
+        # moves the idle deadline: a keep-alive comment or an event the dialect ignores
+        # (llama.cpp's `:` pings while it evaluates a long prompt, Anthropic's ``ping``),
+        # counted by the parser (``heard``); ``total`` bounds that wait.  Once content
+        # came, only events do: a relay can send keep-alives forever while the model is
+        # stuck.  Checked only on reads that completed no event, while waiting.
         waiting = bool(idle)
         heard = 0
         async for raw in body_reader(response) or _body(response):
@@ -658,14 +663,17 @@ class StreamRunner:
                         if waiting:
                             waiting = not end.delivered
                             heard = parser.heard
-                    if idle:  # re-armed after delivery: a slow consumer is not an idle upstream
+                            held = held and waiting
+                    if idle and not held:  # re-armed after delivery (a slow consumer is no
+                        # idle upstream)
                         if self._idle_watch is not None:
                             self.idle_due = trio.current_time() + idle
                             if self.idle_entry is None:
                                 self._idle_watch.arm(self)
                         else:
                             self._arm_idle(trio.current_time() + idle)
-                elif waiting and parser.heard != heard:  # a keep-alive, before any content
+                elif waiting and not held and parser.heard != heard:  # a keep-alive, before
+                    # any content
                     heard = parser.heard
                     assert idle
                     self._arm_idle(trio.current_time() + idle)

@@ -98,14 +98,35 @@ async def test_without_first_token_total_bounds_it(autojump_clock: MockClock,
 
 
 @WAYS
-async def test_silence_before_the_first_content_is_idle(autojump_clock: MockClock,
-                                                        watched: bool) -> None:
-    # No keep-alive at all: the idle deadline counts from the headers, as it always did.
+async def test_silence_before_the_first_content_is_idle_without_first_token(
+        autojump_clock: MockClock, watched: bool) -> None:
+    # No keep-alive at all and no first_token: idle counts from the headers.
     script = Script([stream((27.0, event("late")), (0.0, event(finish="stop")), (0.0, DONE))])
-    result = await one(script, Deadlines(idle=5, first_token=60), watched)
+    result = await one(script, Deadlines(idle=5), watched)
     assert (result.outcome, result.timed_out) == (Outcome.TIMED_OUT, "idle")
     assert result.reason == "no event within 5 s"
     assert result.timings is not None and result.timings.end == pytest.approx(5.0)
+
+
+@WAYS
+async def test_a_set_first_token_governs_alone_before_the_first_content(
+        autojump_clock: MockClock, watched: bool) -> None:
+    # llama.cpp's native server sends nothing at all while it evaluates a long prompt
+    # (its first keep-alive comes at 30 s): with first_token set, idle starts at the
+    # first content; the first_token deadline still bounds the wait.
+    script = Script([stream((27.0, event("late")), (0.0, event(finish="stop")), (0.0, DONE))])
+    result = await one(script, Deadlines(idle=5, first_token=60), watched)
+    assert result.outcome == Outcome.COMPLETED and result.text == "late"
+    assert result.timings is not None and result.timings.ttft == pytest.approx(27.0)
+    script = Script([stream((70.0, event("late")), (0.0, DONE))])
+    result = await one(script, Deadlines(idle=5, first_token=60), watched)
+    assert (result.outcome, result.timed_out) == (Outcome.TIMED_OUT, "first_token")
+    assert result.timings is not None and result.timings.end == pytest.approx(60.0)
+    # and once content came, idle is as it always was: silence after it ends the stream
+    script = Script([stream((27.0, event("late")), (9.0, event("more")), (0.0, DONE))])
+    result = await one(script, Deadlines(idle=5, first_token=60), watched)
+    assert (result.outcome, result.timed_out) == (Outcome.TIMED_OUT, "idle")
+    assert result.timings is not None and result.timings.end == pytest.approx(32.0)
 
 
 @WAYS
