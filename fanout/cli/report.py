@@ -298,7 +298,7 @@ def summary_view(summary: Mapping[str, Mapping[str, Any]], console: Console) -> 
             parts = _blocks(summary, width)
     reasons = _reason_lines(summary)
     if reasons:
-        parts += [Text(), Text("why streams did not complete (the latest record of each):"),
+        parts += [Text(), Text("why streams did not complete (the reported record of each):"),
                   *reasons]
     return Group(*parts)
 
