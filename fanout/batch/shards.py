@@ -10,11 +10,14 @@ one given as the other is refused, naming it.
 The merged file is a results file like any other (``fanout batch`` resumes
 it, ``fanout report`` and ``fanout score`` read it): each record is copied
 byte for byte from its shard file, one a key.  Within one file the latest
-record of a key counts, as on resume.  The same key in two files (a shard run
-twice, overlapping shards) is kept once when both have the same content key
-and answer, else it is a *conflict*: both are named, the better one kept
-(of the plan's content, then completed over the rest, then the later
-``finished_at``, then the later input).
+record of a key counts, as on resume (``fanout.store.results.supersedes``: its
+latest, unless it is a redo of the same run that failed with no output after an
+attempt that kept some).  The same key in two files (a shard run twice,
+overlapping shards) is kept once when both have the same content key and
+answer, else it is a *conflict*: both are named, the better one kept (of the
+same run and not done, the one with output, as within a file; else of the
+plan's content, then completed over the rest, then the later ``finished_at``,
+then the later input).
 
 **The check.**  With the prompts and config (``prompts``, ``config``; the
 models and samples as ``fanout batch`` took them: ``models``, else those the
@@ -68,7 +71,7 @@ from ..store.merging import (
 )
 from ..store.plan_check import plan_fingerprint
 from ..store.prompts import PromptFileError, load_prompts
-from ..store.results import Unreadable, scan, shard_of
+from ..store.results import Unreadable, scan, shard_of, supersedes
 from ..store.results import work_key as _work_key
 from ..store.scores import scores_path
 from .plan import plan_work
@@ -210,6 +213,13 @@ def _load_plan(prompts: str, config: str | None, models: Sequence[str],
 def _better(one: Slot, other: Slot, planned: str | None) -> bool:
     """Whether ``one`` is to be kept over ``other`` (a later input over an earlier one
     when all else is equal)."""
+    # The rule of one file's records, read without an order: whichever came later, a
+    # record of the same run, not done and without output, never displaces one with.
+    if not supersedes(other.attempt, one.attempt):
+        return False
+    if not supersedes(one.attempt, other.attempt):
+        return True
+
     def rank(slot: Slot) -> tuple[bool, int, str]:
         state = _RANK.index(slot.state) if slot.state in _RANK else len(_RANK)
         return slot.content_key == planned, -state, slot.finished

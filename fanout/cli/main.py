@@ -207,7 +207,9 @@ def _parser() -> argparse.ArgumentParser:
     report = commands.add_parser(
         "report", help="per-model summary of a results file, and its evaluation",
         description="Summarize a results file of fanout batch, per model: outcomes, TTFT, "
-                    "tokens/s, tokens, 429s, cost. The latest record of each stream counts. "
+                    "tokens/s, tokens, 429s, cost. The latest record of each stream counts "
+                    "(a redo of the same run that failed with no output never replaces "
+                    "one that kept some). "
                     "With scores (RESULTS.scores.jsonl beside it, or --scores): each scorer's "
                     "mean and pass rate with 95% intervals, pass@k, pass^k and flaky prompts "
                     "over samples; --against compares two runs key by key. Exit status: 0 "

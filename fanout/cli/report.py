@@ -2,8 +2,12 @@
 ``fanout report RESULTS.jsonl`` prints any time.
 
 Outcomes, latencies, tokens and the reasons for failures count each key's
-latest record (a redo replaces a failure); 429s and the time spent waiting on
-them count every record, since every attempt cost something.  A completed
+reported record: its latest (a redo replaces a failure), unless
+``fanout.store.results.supersedes`` keeps an earlier one (a redo of the same run
+that failed with no output after an attempt that kept some: that attempt's
+reason says so, naming how the redo failed, and ``earlier_kept`` counts them);
+429s and the time spent waiting on them count every record, since every attempt
+cost something.  A completed
 record with an empty answer counts as ``empty``, apart from ``completed``.
 Tokens are ``None`` (shown ``-``) when no record of the model had usage: unknown
 is not zero; a sum over only some of them is shown with a ``+``.
@@ -49,7 +53,7 @@ from rich.text import Text
 from ..eval import stats
 from ..eval.cost import format_cost, round_cost
 from ..files import NotRegularFile, read_small
-from ..store.results import STATES, RecordReader, state_of, work_key
+from ..store.results import STATES, RecordReader, attempt_of, supersedes, work_key
 from .common import format_seconds
 from .render import pair_lines, printable
 
@@ -89,6 +93,10 @@ def _field(record: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+_CUT = "cut by the server while others ran"
+_NOT_REDONE = "; its redo never ran"
+
+
 def _reason(record: Mapping[str, Any], state: str) -> str:
     reason = record.get("reason")
     if isinstance(reason, str) and reason.strip():
@@ -96,8 +104,22 @@ def _reason(record: Mapping[str, Any], state: str) -> str:
     if state == "empty":
         return "no text, reasoning, refusal or tool call (flagged empty_answer)"
     if state == "truncated" and record.get("cut") is True:
-        return "cut by the server while others ran; its redo never ran"
+        return _CUT + _NOT_REDONE
     return "no reason recorded"
+
+
+def _kept_over(why: tuple[str, int | None, str], later: tuple[str, int | None, str]
+               ) -> tuple[str, int | None, str]:
+    """The reason of a record kept over a later attempt of the same run that failed
+    with no output (``supersedes``): its own, and how that attempt ended."""
+    state, status, reason = why
+    if reason == _CUT + _NOT_REDONE:
+        reason = _CUT  # its redo did run: it is the later attempt
+    what, code, said = later
+    ended = what.replace("_", " ") + (f" HTTP {code}" if code is not None else "")
+    said = said.removeprefix(f"HTTP {code}: ") if code is not None else said
+    return (state, status, f"{reason} (its output is kept: a later attempt of the same run "
+                           f"ended {ended} with no output: {said})")
 
 
 def model_summary(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -108,9 +130,10 @@ def model_summary(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, A
         # Only what the summary reads: a results file can be far bigger than memory.
         model = str(record["model"])
         metrics, usage = _field(record, "metrics"), record.get("usage")
-        state = state_of(record)
+        attempt = attempt_of(record)
+        state = attempt.state
         row: dict[str, Any] = {
-            "model": model, "outcome": state,
+            "model": model, "outcome": state, "attempt": attempt,
             "ttft": _number(metrics.get("ttft")),
             "rate": _number(metrics.get("tokens_per_second")),
             "usage": None if not isinstance(usage, dict) else (
@@ -119,12 +142,19 @@ def model_summary(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, A
         if state != "completed":
             status = _count(record.get("status"))
             row["why"] = (state, status if state == "error" else None, _reason(record, state))
-        latest[work_key(record["id"], model, record["sample"])] = row
+        key = work_key(record["id"], model, record["sample"])
+        earlier = latest.get(key)
+        if earlier is not None and not supersedes(earlier["attempt"], attempt):
+            earlier["later"] = row["why"]  # not done, so it has a why
+        else:
+            latest[key] = row
         spent = cost.setdefault(model, {"rate_limited": 0, "retry_wait": 0.0})
         spent["rate_limited"] += _count(record.get("rate_limited")) or 0
         spent["retry_wait"] += _number(record.get("retry_wait")) or 0.0
     by_model: dict[str, list[dict[str, Any]]] = {}
     for row in latest.values():
+        if "later" in row:
+            row["why"] = _kept_over(row["why"], row["later"])
         by_model.setdefault(row["model"], []).append(row)
     summary: dict[str, dict[str, Any]] = {}
     for model in sorted(by_model):
@@ -144,6 +174,9 @@ def model_summary(records: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, A
             **_tokens(rows),
             "rate_limited": int(cost[model]["rate_limited"]),
             "retry_wait": round(cost[model]["retry_wait"], 3),
+            # units whose reported record is an earlier attempt with output, kept over a
+            # later attempt of the same run that failed with none (``supersedes``)
+            "earlier_kept": sum("later" in row for row in rows),
             "reasons": _reasons(rows),
         }
     return summary
@@ -265,7 +298,7 @@ def summary_view(summary: Mapping[str, Mapping[str, Any]], console: Console) -> 
             parts = _blocks(summary, width)
     reasons = _reason_lines(summary)
     if reasons:
-        parts += [Text(), Text("why streams did not complete (the latest record of each):"),
+        parts += [Text(), Text("why streams did not complete (the reported record of each):"),
                   *reasons]
     return Group(*parts)
 

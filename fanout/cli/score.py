@@ -1,9 +1,11 @@
 """``fanout score RESULTS.jsonl --score NAME``: (re)score a results file, answers untouched.
 
-The latest record of every (prompt id, model, sample) of the results file is
-scored by every ``--score`` scorer (a ``[[scorers]]`` name of the config, or a
-builtin: ``fanout.eval.scorers.BUILTIN``) into the scores file
-(``RESULTS.scores.jsonl``, or ``--scores FILE``; see ``fanout.store.scores``).
+The reported record of every (prompt id, model, sample) of the results file
+(``fanout.store.results.latest_records``: its latest, unless a redo of the same
+run failed with no output after an attempt that kept some) is scored by every
+``--score`` scorer (a ``[[scorers]]`` name of the config, or a builtin:
+``fanout.eval.scorers.BUILTIN``) into the scores file (``RESULTS.scores.jsonl``,
+or ``--scores FILE``; see ``fanout.store.scores``).
 No model request is sent but a judge's.  A score already in the file for the
 same answer and scorer is current and kept (``--rescore`` scores it again), so
 running the same command twice scores nothing new, and a run killed midway

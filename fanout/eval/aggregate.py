@@ -1,9 +1,11 @@
 """An evaluation's numbers, from a results file's records and its scores (sans-I/O).
 
-``prepare`` reads the records in file order: the latest record of each key
-(prompt id, model, sample) is the answer; a score counts only while it is of that
-answer (its ``answer_key`` is ``fanout.store.scores.answer_key`` of the latest
-record): older ones are *stale*, counted and left out.  ``evaluate`` then gives,
+``prepare`` reads the records in file order: the reported record of each key
+(prompt id, model, sample) is the answer (its latest, unless
+``fanout.store.results.supersedes`` keeps an earlier one: a redo of the same run
+that failed with no output does not replace text); a score counts only while it
+is of that answer (its ``answer_key`` is ``fanout.store.scores.answer_key`` of
+that record): others are *stale*, counted and left out.  ``evaluate`` then gives,
 per model (and per category or tag with ``by``), per scorer:
 
 - ``units`` (keys), ``completed`` (``fanout.store.results.state_of``), ``scored``,
@@ -34,7 +36,7 @@ from typing import Any, Final, Literal
 
 import attrs
 
-from ..store.results import state_of, work_key
+from ..store.results import Attempt, attempt_of, state_of, supersedes, work_key
 from . import stats
 from .cost import format_cost, round_cost
 from .stats import Estimate, McNemar, PairedBootstrap, SignTest
@@ -76,8 +78,8 @@ def _cost(value: object) -> float | None:
 class Run:
     """One run's latest answers and their current scores.
 
-    ``latest``: work key -> the key's latest record, in order of latest writes;
-    ``scores``: (work key, scorer) -> a score of that latest answer;
+    ``latest``: work key -> the key's reported record (``supersedes``), in file order
+    of those records; ``scores``: (work key, scorer) -> a score of that answer;
     ``stale``: scores of an older answer (left out); ``orphans``: scores of a key
     the results do not hold (left out); ``attempts``: per model, every record's cost
     (``None``: unknown) and its (category, *tags); ``prompts``: the prompt ids in order
@@ -102,10 +104,12 @@ def _default_answer_key() -> Callable[[Mapping[str, Any]], str]:
 
 class Slim(dict[str, Any]):
     """A results record cut to what ``evaluate`` and ``compare_runs`` read, with its
-    ``answer_key`` computed from the whole record (``slim``): a big file stays small in
-    memory.  ``prepare`` takes slim and whole records alike."""
+    ``answer_key`` and ``attempt`` (what ``supersedes`` compares) computed from the
+    whole record (``slim``): a big file stays small in memory.  ``prepare`` takes slim
+    and whole records alike."""
 
     answer_key: str = ""
+    attempt: Attempt | None = None
 
 
 #: What ``slim`` keeps of a record (``state_of`` needs outcome, cut and flags).
@@ -123,7 +127,14 @@ def slim(record: Mapping[str, Any], *,
     if not isinstance(record.get("flags"), list) and "choices" in record:
         out["choices"] = record["choices"]  # a record from before flags: state_of reads them
     out.answer_key = (answer_key or _default_answer_key())(record)
+    out.attempt = attempt_of(record)
     return out
+
+
+def _attempt(record: Mapping[str, Any]) -> Attempt:
+    if isinstance(record, Slim) and record.attempt is not None:
+        return record.attempt
+    return attempt_of(record)
 
 
 def prepare(records: Iterable[Mapping[str, Any]],
@@ -138,8 +149,10 @@ def prepare(records: Iterable[Mapping[str, Any]],
     for record in records:
         key = work_key(record["id"], record["model"], record["sample"])
         prompts.setdefault(str(record["id"]), None)
-        latest.pop(key, None)
-        latest[key] = record if isinstance(record, Slim) else dict(record)
+        earlier = latest.get(key)
+        if earlier is None or supersedes(_attempt(earlier), _attempt(record)):
+            latest.pop(key, None)  # else the earlier stays, in its place
+            latest[key] = record if isinstance(record, Slim) else dict(record)
         model = str(record["model"])
         groups.setdefault(model, []).append((_cost(record.get("cost")), _labels(record)))
     current: dict[tuple[str, str], dict[str, Any]] = {}

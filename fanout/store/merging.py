@@ -1,4 +1,4 @@
-"""The files of a merge: its inputs read (each shard file's latest record per key,
+"""The files of a merge: its inputs read (each shard file's reported record per key,
 where its line is, a torn tail, a lock a running batch holds; a scores file given as
 results refused, or the reverse) and its outputs written whole (a temporary file
 beside, renamed over; never through a link).  ``fanout.batch.merge`` is the merge."""
@@ -19,7 +19,16 @@ import attrs
 from .._exceptions import ConfigError
 from ..files import create_new, identity, kind_of, remove_if_same, temporary_name
 from .plan_check import record_plan, record_shard
-from .results import Unreadable, holder_of, lock_path, record_problem, scan, state_of
+from .results import (
+    Attempt,
+    Unreadable,
+    attempt_of,
+    holder_of,
+    lock_path,
+    record_problem,
+    scan,
+    supersedes,
+)
 from .results import work_key as _work_key
 from .scores import answer_key, score_problem, scores_path
 
@@ -38,8 +47,9 @@ class Torn:
 
 @attrs.define
 class Slot:
-    """The latest record of one key in one file: where its line is, and what the
-    merge compares."""
+    """The reported record of one key in one file (its latest, unless
+    ``fanout.store.results.supersedes`` keeps an earlier one): where its line is, and
+    what the merge compares."""
 
     file: int
     offset: int
@@ -52,6 +62,7 @@ class Slot:
     finished: str
     plan: str | None
     shard: tuple[int, int] | None
+    attempt: Attempt  # what ``supersedes`` compares (``state`` is its state)
 
 
 @attrs.define
@@ -126,7 +137,7 @@ def refuse_unreadable(path: str, unreadable: Unreadable, records: int, kind: str
 
 
 def read_results(index: int, source: Input, torn: list[Torn], in_use: list[str]) -> None:
-    """Read the results input ``source`` (number ``index``): its latest record per key,
+    """Read the results input ``source`` (number ``index``): its reported record per key,
     its torn tail (to ``torn``), whether a run holds it (to ``in_use``); refused
     (``ConfigError``) when a line is not a results record."""
     assert source.file is not None
@@ -140,14 +151,19 @@ def read_results(index: int, source: Input, torn: list[Torn], in_use: list[str])
             key = _work_key(record["id"], record["model"], record["sample"])
             status = record.get("status")
             plan, shard = record_plan(record), record_shard(record)
-            source.latest.pop(key, None)
-            source.latest[key] = Slot(
-                index, offset, line.size, record["content_key"], answer_key(record),
-                state_of(record),
-                status if isinstance(status, int) and not isinstance(status, bool) else None,
-                record["model"], str(record.get("finished_at") or ""), plan, shard)
+            attempt = attempt_of(record)
             source.last_plan, source.last_shard = plan, shard
             source.has_fields = source.has_fields or plan is not None
+            earlier = source.latest.get(key)
+            if earlier is None or supersedes(earlier.attempt, attempt):
+                source.latest.pop(key, None)  # else the earlier stays, in its place
+                source.latest[key] = Slot(
+                    index, offset, line.size, record["content_key"], answer_key(record),
+                    attempt.state,
+                    status if isinstance(status, int) and not isinstance(status, bool)
+                    else None,
+                    record["model"], str(record.get("finished_at") or ""), plan, shard,
+                    attempt)
         elif line.torn:
             torn.append(Torn(source.path, line.number, line.size))
         elif line.kind is not None:

@@ -4,9 +4,10 @@ Every record ``fanout batch --shard I/N`` writes names its shard (``"shard":
 "I/N"``, ``"0/1"`` unsharded), its plan (``"plan"``: ``plan_fingerprint`` of
 the whole plan, all shards) and its run.  The fingerprint hashes N and every
 (unit key, content key) pair of the plan, so the records alone can tell
-whether every unit of their plan is there: the latest record of each key gives
-the pairs, and they hash to the plan's fingerprint exactly when no unit is
-missing and none of another plan is mixed in.  ``PlanTally`` does that for
+whether every unit of their plan is there: the reported record of each key (its
+latest, unless ``results.supersedes`` keeps an earlier one) gives the pairs, and
+they hash to the plan's fingerprint exactly when no unit is missing and none of
+another plan is mixed in.  ``PlanTally`` does that for
 ``fanout report``; ``fanout.batch.merge`` for a merge.
 
 Records written before these fields existed have no plan: nothing can be told
@@ -24,7 +25,7 @@ from typing import Any
 
 import attrs
 
-from .results import state_of, work_key
+from .results import Attempt, attempt_of, supersedes, work_key
 
 __all__ = ["Completeness", "PlanTally", "plan_fingerprint", "record_plan", "record_shard"]
 
@@ -97,13 +98,16 @@ class PlanTally:
 
     def __init__(self, *, accept_empty: bool = False) -> None:
         self._accept_empty = accept_empty
-        self._latest: dict[str, tuple[str, str]] = {}  # key -> (content key, state)
+        self._latest: dict[str, Attempt] = {}  # key -> its reported record's
         self._plan: tuple[str, int] | None = None  # the last record's plan, N
         self._shards: dict[tuple[str, int], set[int]] = {}
 
     def add(self, record: Mapping[str, Any]) -> None:
         key = work_key(record["id"], record["model"], record["sample"])
-        self._latest[key] = (str(record.get("content_key")), state_of(record))
+        attempt = attempt_of(record)
+        earlier = self._latest.get(key)
+        if earlier is None or supersedes(earlier, attempt):
+            self._latest[key] = attempt
         plan, shard = record_plan(record), record_shard(record)
         if plan is not None and shard is not None:
             self._plan = (plan, shard[1])
@@ -114,9 +118,9 @@ class PlanTally:
         if self._plan is None:
             return None
         plan, shards = self._plan
-        pairs = [(key, content) for key, (content, _) in self._latest.items()]
+        pairs = [(key, str(a.content_key)) for key, a in self._latest.items()]
         done = {"completed", "empty"} if self._accept_empty else {"completed"}
-        not_done = Counter(state for _, state in self._latest.values() if state not in done)
+        not_done = Counter(a.state for a in self._latest.values() if a.state not in done)
         return Completeness(plan, shards, len(pairs),
                             plan_fingerprint(pairs, shards) == plan, dict(not_done),
                             tuple(sorted(self._shards[self._plan])))

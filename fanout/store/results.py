@@ -3,7 +3,11 @@
 One line per finished (prompt id, model, sample), written in one ``write``
 and flushed as each stream finishes; ``fsync`` at least once a second and at
 the end.  A key may have several records (a redo after a failure, or after
-the server cut it): the latest one counts.
+the server cut it): the latest one counts, but for one case (``supersedes``): a
+redo of the same run that failed with no output does not replace an earlier
+attempt that kept some.  That is the unit's *reported* record, wherever a
+results file is read (resume, ``fanout report``, ``fanout score``, ``fanout
+merge``, the evaluation).
 
 **What a results file is**: every whole line a *record*, a JSON object with
 ``id`` (a non-empty string or an integer), ``model`` (a non-empty string),
@@ -44,7 +48,7 @@ import socket
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import IO, Any, NoReturn
+from typing import IO, Any, NamedTuple, NoReturn
 
 import attrs
 import orjson
@@ -61,10 +65,10 @@ from ..files import (
 )
 from ..records import dumps_bytes
 
-__all__ = ["OUTCOMES", "STATES", "Existing", "Line", "RecordReader", "ResultsFile",
-           "ResultsFileError", "Unreadable", "is_empty", "latest_records", "parse_shard",
-           "read_results",
-           "record_problem", "scan", "shard_of", "state_of", "unit_problem",
+__all__ = ["OUTCOMES", "STATES", "Attempt", "Existing", "Line", "RecordReader",
+           "ResultsFile", "ResultsFileError", "Unreadable", "attempt_of", "has_output",
+           "is_empty", "latest_records", "parse_shard", "read_results",
+           "record_problem", "scan", "shard_of", "state_of", "supersedes", "unit_problem",
            "work_key"]
 
 #: The outcomes a record can name: the engine's.
@@ -309,7 +313,8 @@ class RecordReader:
 class Existing:
     """What a results file already holds."""
 
-    # key -> its latest record, cut to what resuming needs (a big file stays small here)
+    # key -> its reported record (``supersedes``), cut to what resuming needs (a big
+    # file stays small here): id, model, sample, outcome, content_key, state, attempt
     latest: dict[str, dict[str, Any]] = attrs.Factory(dict)
     records: int = 0
     valid_size: int = 0  # bytes up to the end of the last whole line (or whole record)
@@ -349,14 +354,17 @@ def read_results(path: str | os.PathLike[str]) -> Existing:
 
 def latest_records(path: str | os.PathLike[str]
                    ) -> tuple[dict[str, dict[str, Any]], RecordReader]:
-    """key -> the latest record of each unit of a results file, in file order of
-    their latest writes, and the reader (what else the file held); ``OSError`` if
-    it cannot be read."""
+    """key -> the reported record of each unit of a results file (its latest, unless
+    ``supersedes`` keeps an earlier one), in file order of those records, and the
+    reader (what else the file held); ``OSError`` if it cannot be read."""
     latest: dict[str, dict[str, Any]] = {}
     with open(path, "rb") as file:
         reader = RecordReader(file)
         for record in reader:
             key = work_key(record["id"], record["model"], record["sample"])
+            kept = latest.get(key)
+            if kept is not None and not supersedes(kept, record):
+                continue  # the earlier record stays, in its place
             latest.pop(key, None)
             latest[key] = record
     return latest, reader
@@ -403,15 +411,84 @@ def state_of(record: Mapping[str, Any]) -> str:
     return "empty" if is_empty(record) else "completed"
 
 
+# --------------------------------------------------------------- the reported record
+
+#: The states of a unit that is done (``empty`` with ``--accept-empty``).
+_DONE = frozenset({"completed", "empty"})
+
+
+class Attempt(NamedTuple):
+    """What ``supersedes`` reads of a record (``attempt_of``): a big file's records
+    can be cut to this and still be compared."""
+
+    state: str  # state_of
+    run: str | None  # the record's non-empty "run", else None
+    content_key: object  # what was asked
+    output: bool  # has_output
+
+
+def has_output(record: Mapping[str, Any]) -> bool:
+    """Whether a record kept any output: text, reasoning, refusal or a tool call in
+    a choice (or, a record without choices, a non-blank ``text``)."""
+    choices = record.get("choices")
+    if isinstance(choices, list) and any(_answers(choice) for choice in choices):
+        return True
+    text = record.get("text")
+    return isinstance(text, str) and bool(text.strip())
+
+
+def attempt_of(record: Mapping[str, Any]) -> Attempt:
+    """The ``Attempt`` of a record."""
+    run = record.get("run")
+    return Attempt(state_of(record), run if isinstance(run, str) and run else None,
+                   record.get("content_key"), has_output(record))
+
+
+def supersedes(old: Attempt | Mapping[str, Any], new: Attempt | Mapping[str, Any]) -> bool:
+    """Whether ``new``, a later record of the same unit, replaces ``old`` as the unit's
+    reported record (records, or their ``attempt_of``).
+
+    It does, always, but in one case: neither is done (``state_of``: not
+    ``completed`` nor ``empty``), both name the same non-empty ``run`` and the same
+    ``content_key`` (one run of ``fanout batch`` asking the same thing; the run is
+    ``--run-id``, by default the plan, so a resume of the same plan is the same
+    run), ``old`` has output (``has_output``) and ``new`` has none.  A redo of a cut
+    stream that then fails against a dead server must not turn the text the run
+    had into an error without text: the unit is not done either way (resume
+    redoes it, as it would have), and what is reported is what was got.
+
+    Only *no* output keeps the earlier record, never *less*: a later attempt with
+    some text (5 characters after 300) is another answer, not a loss of this one,
+    and lengths are not comparable (text against reasoning or a tool call, a
+    refusal, another finish); the latest answer is the honest one to report.  A
+    completed record is always replaced by a later redo, a later completed one
+    always wins, and records of different runs (or without ``run``, older files)
+    go by order alone, as before.  Where records of a unit are compared without an
+    order (the same unit in two merged files), this reads: of the same run, not
+    done, the one with output is kept.
+    """
+    old = old if isinstance(old, Attempt) else attempt_of(old)
+    new = new if isinstance(new, Attempt) else attempt_of(new)
+    return not (old.state not in _DONE and new.state not in _DONE
+                and old.run is not None and old.run == new.run
+                and old.content_key == new.content_key
+                and old.output and not new.output)
+
+
 _KEPT = ("id", "model", "sample", "outcome", "content_key")
 
 
 def _keep(existing: Existing, record: dict[str, Any]) -> None:
     existing.records += 1
     key = work_key(record["id"], record["model"], record["sample"])
-    existing.latest.pop(key, None)  # re-insert: the dict stays in order of latest writes
-    kept = {name: record.get(name) for name in _KEPT}
-    kept["state"] = state_of(record)
+    attempt = attempt_of(record)
+    earlier = existing.latest.get(key)
+    if earlier is not None and not supersedes(earlier["attempt"], attempt):
+        return  # the earlier record stays the reported one, in its place
+    existing.latest.pop(key, None)  # re-insert: the dict stays in order of the writes
+    kept: dict[str, Any] = {name: record.get(name) for name in _KEPT}
+    kept["state"] = attempt.state
+    kept["attempt"] = attempt
     existing.latest[key] = kept
 
 

@@ -347,9 +347,9 @@ def test_batch_on_a_real_terminal_at_80_columns(tmp_path: Path, config: str) -> 
     assert max(cell_len(line) for line in table) <= 80
     assert not [line for line in table if "…" in line and not line.startswith("  ")]
     # 13: why, per model, with the HTTP status of errors.
-    assert "why streams did not complete (the latest record of each):" in table
+    assert "why streams did not complete (the reported record of each):" in table
     # each reason starts indented; it wraps at word boundaries onto lines of its own
-    why = table.index("why streams did not complete (the latest record of each):")
+    why = table.index("why streams did not complete (the reported record of each):")
     reasons: list[str] = []
     for line in table[why + 1:]:
         if not line.strip():
