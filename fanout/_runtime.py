@@ -17,7 +17,13 @@ __all__ = ["interrupt_on_signals", "only", "open_endpoint"]
 async def interrupt_on_signals(first: Callable[[int], None],
                                signals: tuple[int, ...] = (signal.SIGINT,)) -> None:
     """The first of ``signals`` calls ``first(signum)`` (cancel, keep what arrived); a
-    second one raises KeyboardInterrupt: out at once."""
+    second one raises KeyboardInterrupt: out at once.
+
+    A signal the process was started with ignored stays ignored (a job a shell started
+    in the background, ``nohup``: a Ctrl-C meant for the shell is not for it)."""
+    signals = tuple(s for s in signals if signal.getsignal(s) is not signal.SIG_IGN)
+    if not signals:
+        await trio.sleep_forever()
     with trio.open_signal_receiver(*signals) as received:
         interrupted = False
         async for signum in received:

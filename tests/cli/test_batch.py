@@ -6,6 +6,7 @@ import io
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -337,6 +338,27 @@ def _wait_for(output: Path, process: subprocess.Popen[str], what: str,
 
 def _wait_for_lines(output: Path, count: int, process: subprocess.Popen[str]) -> None:
     _wait_for(output, process, f"reached {count} lines", lambda lines: len(lines) >= count)
+
+
+def test_a_batch_started_with_sigint_ignored_is_not_stopped_by_it(tmp_path: Path,
+                                                                  config: str) -> None:
+    # A background job of a shell without job control (`fanout batch ... &` in a
+    # script, nohup) inherits SIGINT ignored: a Ctrl-C meant for the shell is not for it.
+    prompts = prompts_file(tmp_path, 12)
+    output = tmp_path / "results.jsonl"
+    process = subprocess.Popen(
+        [*COMMAND, "batch", prompts, "-m", "slow", "-m", "fast", "-o", str(output),
+         "--config", config, "--concurrency", "6"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        _wait_for_lines(output, 2, process)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 0, err
+    assert "interrupted" not in err and len(records(str(output))) == 24
 
 
 def test_sigkill_mid_run_then_resume(tmp_path: Path, config: str) -> None:
