@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import itertools
 import os
@@ -10,6 +11,7 @@ import random
 import signal
 import struct
 import subprocess
+import sys
 import termios
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -138,3 +140,52 @@ def interrupt(process: _Child, sig: int = signal.SIGINT) -> None:
         f"process {process.pid} ignores signal {sig} (inherited SIG_IGN: the suite runs in "
         "the background); start it with preexec_fn=sigint_default")
     process.send_signal(sig)
+
+
+@contextlib.contextmanager
+def fanout_mock(*options: str) -> Iterator[str]:
+    """``fanout mock OPTIONS`` as a process of its own: its base URL (ending in /v1),
+    for the block; killed after it."""
+    process = subprocess.Popen([sys.executable, "-m", "fanout.cli.main", "mock", *options],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert process.stdout is not None
+        yield process.stdout.readline().strip()
+    finally:
+        process.kill()
+        process.communicate(timeout=10)
+
+
+#: A batch whose answers are judged by a judge that answers and one that never does
+#: (Ctrl-C while judging): ``.format(base_url=...)``.
+JUDGING_CONFIG = """
+[endpoint]
+base_url = "{base_url}"
+
+[deadlines]
+total = 120
+
+[[models]]
+name = "echo"
+id = "mock/echo"
+
+[[models]]
+name = "judge"
+id = "mock/judge"
+
+[[models]]
+name = "stuck"
+id = "fault/no-response"
+
+[[scorers]]
+name = "judged"
+kind = "judge"
+model = "judge"
+concurrency = 1
+
+[[scorers]]
+name = "stuck-judged"
+kind = "judge"
+model = "stuck"
+concurrency = 1
+"""

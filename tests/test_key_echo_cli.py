@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from fanout.upstream.models import ECHO_PLACES
+from tests.helpers import fanout_mock
 
 KEY = "sk-echo-CLI-test-9f8e7d6c5b4a3210"
 FANOUT = [sys.executable, "-m", "fanout.cli.main"]
@@ -21,14 +22,8 @@ FANOUT = [sys.executable, "-m", "fanout.cli.main"]
 
 @pytest.fixture
 def mock_url() -> Iterator[str]:
-    process = subprocess.Popen([*FANOUT, "mock", "--port", "0", "--key", KEY],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert process.stdout is not None
-        yield process.stdout.readline().strip()
-    finally:
-        process.kill()
-        process.communicate(timeout=10)
+    with fanout_mock("--port", "0", "--key", KEY) as base_url:
+        yield base_url
 
 
 def write_config(path: Path, base_url: str) -> Path:

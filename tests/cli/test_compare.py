@@ -17,7 +17,7 @@ from rich.console import Console
 from fanout.cli.compare import CompareOptions, UsageError, read_prompt, run_compare
 from fanout.cli.main import main
 from fanout.cli.render import inert
-from tests.helpers import ignores, interrupt, sigint_default
+from tests.helpers import fanout_mock, ignores, interrupt, sigint_default
 
 COMMAND = [sys.executable, "-m", "fanout.cli.main"]
 
@@ -211,14 +211,8 @@ def test_a_missing_key_variable_is_named_not_printed(tmp_path: Path) -> None:
 
 @pytest.fixture
 def mock_with_key() -> Iterator[str]:
-    process = subprocess.Popen([*COMMAND, "mock", "--key", "sk-compare-secret-1"],
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        assert process.stdout is not None
-        yield process.stdout.readline().strip()
-    finally:
-        process.kill()
-        process.communicate(timeout=10)
+    with fanout_mock("--key", "sk-compare-secret-1") as base_url:
+        yield base_url
 
 
 def test_a_real_endpoint_with_a_key_never_shows_the_key(mock_with_key: str,

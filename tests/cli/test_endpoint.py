@@ -8,7 +8,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from fanout.cli.main import main
 from fanout.cli.models import ModelsOptions, run_models
 from fanout.config import parse_config
 from fanout.upstream import MODELS, RunningUpstream
+from tests.helpers import fanout_mock
 from tests.net.test_first_errors import closed_port
 from tests.serve.helpers import serving
 
@@ -36,14 +36,8 @@ KEY = "sk-endpoint-SECRET-77"
 @pytest.fixture(scope="module")
 def mock() -> Iterator[str]:
     """`fanout mock --key KEY`: its base URL."""
-    process = subprocess.Popen([*COMMAND, "mock", "--key", KEY], stdout=subprocess.PIPE,
-                               stderr=subprocess.DEVNULL, text=True)
-    try:
-        assert process.stdout is not None
-        yield process.stdout.readline().strip()
-    finally:
-        process.kill()
-        process.communicate(timeout=10)
+    with fanout_mock("--key", KEY) as base_url:
+        yield base_url
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,7 @@ from fanout.cli.main import _parser, main
 from fanout.config import load_config
 from fanout.store.scores import scores_path
 from fanout.upstream import MODELS, open_upstream
+from tests.helpers import JUDGING_CONFIG, fanout_mock
 
 COMMAND = [sys.executable, "-m", "fanout.cli.main"]
 
@@ -163,14 +164,8 @@ WRONG = "sk-first-hour-WRONG-47"
 @pytest.fixture(scope="module")
 def keyed() -> Iterator[str]:
     """`fanout mock --key KEY`: its base URL (ending in /v1)."""
-    process = subprocess.Popen([*COMMAND, "mock", "--key", KEY], stdout=subprocess.PIPE,
-                               stderr=subprocess.DEVNULL, text=True)
-    try:
-        assert process.stdout is not None
-        yield process.stdout.readline().strip()
-    finally:
-        process.kill()
-        process.communicate(timeout=10)
+    with fanout_mock("--key", KEY) as base_url:
+        yield base_url
 
 
 def test_a_refused_key_says_where_it_came_from_where_it_went_and_what_to_check(
@@ -326,37 +321,6 @@ def test_init_says_when_the_ids_are_placeholders_and_what_to_do_first(
 
 # -- Ctrl-C while judging -------------------------------------------------------------------
 
-JUDGING = """
-[endpoint]
-base_url = "{base_url}"
-
-[deadlines]
-total = 120
-
-[[models]]
-name = "echo"
-id = "mock/echo"
-
-[[models]]
-name = "judge"
-id = "mock/judge"
-
-[[models]]
-name = "stuck"
-id = "fault/no-response"
-
-[[scorers]]
-name = "judged"
-kind = "judge"
-model = "judge"
-concurrency = 1
-
-[[scorers]]
-name = "stuck-judged"
-kind = "judge"
-model = "stuck"
-concurrency = 1
-"""
 
 #: The child restores Python's SIGINT handler itself: a run started under nohup inherits
 #: SIGINT ignored, and the test's SIGINT would then do nothing.
@@ -371,7 +335,7 @@ async def test_ctrl_c_while_judging_shows_the_judges_done_and_says_they_were_int
     prompts = _prompts(tmp_path / "p.jsonl", 6)
     async with open_upstream() as upstream:
         config = tmp_path / "fanout.toml"
-        config.write_text(JUDGING.format(base_url=upstream.base_url))
+        config.write_text(JUDGING_CONFIG.format(base_url=upstream.base_url))
         stats = upstream.stats
         with trio.fail_after(60):
             # FORCE_COLOR: the progress bar, as a terminal shows it

@@ -33,42 +33,11 @@ import trio
 
 from fanout.store.scores import scores_path
 from fanout.upstream import open_upstream
-from tests.helpers import interrupt, sigint_default
+from tests.helpers import JUDGING_CONFIG, interrupt, sigint_default
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMAND = [sys.executable, "-m", "fanout.cli.main"]
 
-CONFIG = """
-[endpoint]
-base_url = "{base_url}"
-
-[deadlines]
-total = 120
-
-[[models]]
-name = "echo"
-id = "mock/echo"
-
-[[models]]
-name = "judge"
-id = "mock/judge"
-
-[[models]]
-name = "stuck"
-id = "fault/no-response"
-
-[[scorers]]
-name = "judged"
-kind = "judge"
-model = "judge"
-concurrency = 1
-
-[[scorers]]
-name = "stuck-judged"
-kind = "judge"
-model = "stuck"
-concurrency = 1
-"""
 
 
 def _prompts(path: Path, count: int) -> str:
@@ -95,7 +64,7 @@ async def _interrupted_while_judging(tmp_path: Path, argv: list[str], results: P
     concurrency 1, so the submitter is then waiting for the stuck judge's slot."""
     async with open_upstream() as upstream:
         config = tmp_path / "fanout.toml"
-        config.write_text(CONFIG.format(base_url=upstream.base_url))
+        config.write_text(JUDGING_CONFIG.format(base_url=upstream.base_url))
         stats = upstream.stats
         with trio.fail_after(60):
             process = await trio.lowlevel.open_process(
@@ -144,7 +113,7 @@ async def test_score_sends_no_judge_after_sigint_and_cancels_those_in_flight(
     results = tmp_path / "results.jsonl"
     prompts = _prompts(tmp_path / "prompts.jsonl", 6)
     config = tmp_path / "answers.toml"
-    config.write_text(CONFIG.format(base_url="embedded"))
+    config.write_text(JUDGING_CONFIG.format(base_url="embedded"))
     with trio.fail_after(60):
         done = await trio.run_process([*COMMAND, "batch", prompts, "-m", "echo", "-o",
                                        str(results), "--config", str(config)],

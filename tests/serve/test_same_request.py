@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import io
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ from fanout.cli.batch import BatchOptions, run_batch
 from fanout.cli.compare import CompareOptions, run_compare
 from fanout.config import load_config
 from fanout.serve import open_service, serve_app
+from tests.helpers import fanout_mock
 
 KEY = "sk-same-request-41ab"
 PROMPT = "Which river is longest?"
@@ -41,14 +40,8 @@ OWN_TOOLS = [{"type": "function", "function": {"name": "mine", "parameters": {
 @pytest.fixture(scope="module")
 def mock() -> Iterator[str]:
     """``fanout mock --key KEY``: its base URL."""
-    process = subprocess.Popen([sys.executable, "-m", "fanout.cli.main", "mock", "--key", KEY],
-                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        assert process.stdout is not None
-        yield process.stdout.readline().strip()
-    finally:
-        process.kill()
-        process.communicate(timeout=10)
+    with fanout_mock("--key", KEY) as base_url:
+        yield base_url
 
 
 @pytest.fixture
