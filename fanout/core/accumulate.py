@@ -331,7 +331,7 @@ class Accumulator:
             return self.usage
         if [finished for finished, _ in reports] != list(range(1, count + 1)):
             return self.usage
-        return added_usage(usage for _, usage in reports)
+        return added_usage([usage for _, usage in reports])
 
     def _error(self, event: ErrorReported) -> None:
         if self.error is None:  # the first error is the cause; later ones are echoes

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -103,7 +103,8 @@ class Usage:
     completion_tokens: int | None = None
     total_tokens: int | None = None
     raw: Mapping[str, Any] = attrs.field(factory=dict, eq=True, repr=False)
-    per_choice: tuple[Usage, ...] = ()
+    # Not ``tuple[...]``: the compiled core checks a tuple-typed attribute's class default.
+    per_choice: Sequence[Usage] = attrs.field(default=(), repr=False)
 
     @classmethod
     def from_dict(cls, usage: Mapping[str, Any]) -> Usage:

@@ -108,7 +108,8 @@ async def test_configured_models_come_first_and_are_not_listed_twice(
 @pytest.mark.parametrize(("fault", "says"), [
     ("404", "/models answered 404: the endpoint has no /models route, so it cannot list its "
             "models (any model id it serves can still be typed)"),
-    ("401", "HTTP 401 (the server said: Incorrect API key provided.)"),
+    ("401", "was refused: check that it is valid for this endpoint and not expired (the "
+            "server said: Incorrect API key provided.)"),
     ("hang", "/models: no model list within 0.5 s"),
 ])
 async def test_without_a_list_it_says_why_in_one_line_and_any_id_still_runs(
