@@ -117,6 +117,7 @@ class Newer:
     path: str
     than: str
     units: int
+    kept: int = 0  # of them, the merge kept ``path``'s (the rest: a later failure, see merge)
 
 
 @attrs.define
@@ -184,6 +185,7 @@ class MergeReport:
     in_use: list[str] = attrs.Factory(list)  # inputs a running fanout batch holds
     old_files: list[str] = attrs.Factory(list)  # records without shard and plan fields
     not_in_plan: int = 0  # records of units outside the plan: left out
+    other_plan: int = 0  # records of another plan, in files of this one, for other content
     records: int = 0  # written to the merged file
     scores: int = 0  # written to the merged scores file
     scores_duplicates: int = 0  # exact duplicates dropped
@@ -258,19 +260,20 @@ def _when(slot: Slot) -> datetime.datetime:
 
 
 def _better(one: Slot, other: Slot, planned: str | None) -> bool:
-    """Whether ``one`` is to be kept over ``other``: as if the two were records of one
-    file in the order they finished (``finished_at``; a record without it is the
-    older), the later replaces the earlier unless ``supersedes`` says not (of the same
-    run, not done, the one with output stays); a record of the planned content first.
-    The same time: completed over the rest, then the later input."""
+    """Whether ``one`` is to be kept over ``other``: the later (``finished_at``; a record
+    without it is the older), as within one file, unless ``supersedes`` says not (of
+    the same run, not done, the one with output stays) or the earlier is completed and
+    the later not (two files' runs of a unit: a failure in one loses no answer of the
+    other); a record of the planned content first.  The same time: completed over the
+    rest, then the later input."""
     if not supersedes(other.attempt, one.attempt):
         return False
     if not supersedes(one.attempt, other.attempt):
         return True
 
-    def rank(slot: Slot) -> tuple[bool, datetime.datetime, int]:
+    def rank(slot: Slot) -> tuple[bool, bool, datetime.datetime, int]:
         state = _RANK.index(slot.state) if slot.state in _RANK else len(_RANK)
-        return slot.content_key == planned, _when(slot), -state
+        return slot.content_key == planned, slot.state == "completed", _when(slot), -state
     return rank(one) >= rank(other)
 
 
@@ -412,10 +415,10 @@ def _choose_plan(results: list[Input], report: MergeReport,
                  samples: int | None) -> _Plan | None:
     """The merge's plan: recomputed from ``prompts`` and ``config``, else the one most
     inputs name; the inputs of another plan are left out."""
-    shard_plans = Counter(s.last_plan for s in results
-                          if s.last_plan is not None and s.last_shard is not None)
-    counts = Counter(s.last_shard[1] for s in results
-                     if s.last_plan is not None and s.last_shard is not None)
+    # Each plan by how many files hold records of it (a merged file holds its shards'
+    # records, and a resume of it adds records of the unsharded plan of the same units).
+    shard_plans = Counter(plan for s in results for plan in s.plans)
+    counts = Counter(n for s in results for n, _ in s.plans.values())
     report.shards = counts.most_common(1)[0][0] if counts else None
     plan = None
     if prompts is not None:
@@ -433,12 +436,12 @@ def _choose_plan(results: list[Input], report: MergeReport,
                                            report.shards)
     elif shard_plans:
         report.plan = shard_plans.most_common(1)[0][0]
-        report.shards = next(s.last_shard[1] for s in results
-                             if s.last_plan == report.plan and s.last_shard is not None)
+        report.shards = next(s.plans[report.plan][0] for s in results
+                             if report.plan in s.plans)
     for source in results:
         if not source.has_fields:
             report.old_files.append(source.path)
-        elif report.plan is not None and source.last_plan != report.plan:
+        elif report.plan is not None and report.plan not in source.plans:
             source.included = False
             shard = source.last_shard
             report.foreign_shards.append(ForeignShard(
@@ -462,6 +465,7 @@ def _merge_keys(results: list[Input], report: MergeReport, plan: _Plan | None
                 candidates.setdefault(key, []).append(slot)
     merged: dict[str, Slot] = {}
     newer: Counter[tuple[int, int]] = Counter()  # (newer file, older file) -> units
+    newer_kept: Counter[tuple[int, int]] = Counter()  # of those, the newer kept
     for key, slots in candidates.items():
         planned = None
         if plan is not None:
@@ -470,6 +474,16 @@ def _merge_keys(results: list[Input], report: MergeReport, plan: _Plan | None
                 report.not_in_plan += 1
                 continue
             planned = unit[0]
+        if report.plan is not None:
+            # A record of another plan in a file of this one's (a merged file resumed
+            # unsharded: the same units, another N) counts when it asks what the plan
+            # asks of its unit: its content key, as the plan or a record of it has it.
+            ours = [s for s in slots if s.plan in (None, report.plan)
+                    or _same_question(s, key, planned, results, report.plan)]
+            report.other_plan += len(slots) - len(ours)
+            if not ours:
+                continue
+            slots = ours
         kept = slots[0]
         if len(slots) > 1:
             if len({(s.content_key, s.answer) for s in slots}) == 1:
@@ -486,14 +500,24 @@ def _merge_keys(results: list[Input], report: MergeReport, plan: _Plan | None
                             and (slot.content_key, slot.answer) != (newest.content_key,
                                                                     newest.answer):
                         newer[(newest.file, slot.file)] += 1
+                        newer_kept[(newest.file, slot.file)] += kept is newest
                 report.conflicts.append(Conflict(
                     key, (results[kept.file].path, kept.state),
                     tuple((results[s.file].path, s.state) for s in others),
                     newer=later and kept is newest))
         merged[key] = kept
-    report.newer = [Newer(results[one].path, results[other].path, count)
+    report.newer = [Newer(results[one].path, results[other].path, count,
+                          newer_kept[(one, other)])
                     for (one, other), count in sorted(newer.items())]
     return merged
+
+
+def _same_question(slot: Slot, key: str, planned: str | None, results: list[Input],
+                   plan: str) -> bool:
+    if planned is not None:
+        return slot.content_key == planned
+    return any(s.included and s.plans.get(plan, (0, {}))[1].get(key) == slot.content_key
+               for s in results)
 
 
 def _check(merged: dict[str, Slot], results: list[Input], report: MergeReport,

@@ -148,12 +148,19 @@ def render(report: MergeReport) -> tuple[list[str], list[str]]:
     if report.not_in_plan:
         notes.append(f"{_plural(report.not_in_plan, 'unit')} not in the plan (other prompts, "
                      "models or samples): left out")
+    if report.other_plan:
+        notes.append(f"{_plural(report.other_plan, 'record')} of another plan in files of this "
+                     "one (asking other content of their units): left out")
     if report.duplicates:
         notes.append(f"{_plural(report.duplicates, 'unit')} recorded alike in several files: "
                      "kept once")
     for newer in report.newer:
+        kept = ("kept" if newer.kept == newer.units else
+                f"{newer.kept} kept, {newer.units - newer.kept} not (a later failure does not "
+                "replace a completed answer of another file)")
         notes.append(f"{newer.path} holds {_plural(newer.units, 'unit')} newer than "
-                     f"{newer.than} (finished later, recorded differently: a redo since)")
+                     f"{newer.than} (finished later, recorded differently: a redo since): "
+                     f"{kept}")
     clashes = [c for c in report.conflicts if not c.newer]
     for conflict in clashes[:LISTED]:
         others = ", ".join(f"{path} ({state})" for path, state in conflict.others)

@@ -78,6 +78,8 @@ class Input:
     last_plan: str | None = None  # the plan and shard of its last record
     last_shard: tuple[int, int] | None = None
     has_fields: bool = False
+    # every plan its records name: plan -> (N, key -> the content key last recorded)
+    plans: dict[str, tuple[int, dict[str, str]]] = attrs.Factory(dict)
     included: bool = True
 
 
@@ -175,6 +177,8 @@ def read_results(index: int, source: Input, torn: list[Torn], in_use: list[str],
             attempt = attempt_of(record)
             source.last_plan, source.last_shard = plan, shard
             source.has_fields = source.has_fields or plan is not None
+            if plan is not None and shard is not None:
+                source.plans.setdefault(plan, (shard[1], {}))[1][key] = record["content_key"]
             earlier = source.latest.get(key)
             if earlier is None or supersedes(earlier.attempt, attempt):
                 source.latest.pop(key, None)  # else the earlier stays, in its place
