@@ -44,10 +44,12 @@ units unfinished, a torn tail, a shard still running).  Bad input raises
 from __future__ import annotations
 
 import contextlib
+import datetime
 import hashlib
 import os
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from typing import IO
 
 import attrs
 import orjson
@@ -59,7 +61,9 @@ from ..store.merging import (
     Slot,
     Torn,
     check_output,
+    file_kind,
     find_inputs,
+    guard_outputs,
     open_input,
     read_line,
     read_results,
@@ -76,8 +80,8 @@ from ..store.results import work_key as _work_key
 from ..store.scores import scores_path
 from .plan import plan_work
 
-__all__ = ["EXIT_COMPLETE", "EXIT_FAILED", "EXIT_UNFINISHED", "Conflict", "ForeignShard",
-           "MergeReport", "Torn", "merge"]
+__all__ = ["EXIT_COMPLETE", "EXIT_FAILED", "EXIT_UNFINISHED", "Conflict", "FileTally",
+           "ForeignShard", "MergeReport", "Newer", "Torn", "check", "merge"]
 
 #: Every planned unit is there and done.
 EXIT_COMPLETE = 0
@@ -89,6 +93,8 @@ EXIT_UNFINISHED = 75
 FINAL_STATUSES = frozenset(range(400, 500)) - {408, 409, 429}
 #: States ranked for a conflict: the first is kept.
 _RANK = ("completed", "empty", "truncated", "timed_out", "error", "cancelled")
+#: Older than any record's ``finished_at``: a record without one (an older fanout).
+_NO_TIME = datetime.datetime.min.replace(tzinfo=datetime.UTC)
 
 
 @attrs.frozen
@@ -100,6 +106,42 @@ class Conflict:
     key: str
     kept: tuple[str, str]  # (file, state)
     others: tuple[tuple[str, str], ...]
+    newer: bool = False  # the kept record finished after every other (a redo, not a clash)
+
+
+@attrs.frozen
+class Newer:
+    """``path`` holds ``units`` units whose records finished later than (and differ from)
+    those ``than`` holds of them: a redo since (a resumed merged file, a shard run again)."""
+
+    path: str
+    than: str
+    units: int
+    kept: int = 0  # of them, the merge kept ``path``'s (the rest: a later failure, see merge)
+
+
+@attrs.define
+class FileTally:
+    """One results input, as ``check`` (``fanout merge --check``) shows it: the units
+    whose kept record it holds, by how they stand."""
+
+    path: str
+    shard: str | None  # "I/N" as its last record names it
+    planned: int | None = None  # the units of its shard in the plan (known with the prompts)
+    units: int = 0  # kept records it holds
+    done: int = 0
+    failed: int = 0  # a rerun will not fix them
+    unfinished: int = 0  # a rerun may finish them
+    torn: bool = False  # a torn last line (or the line a running batch is writing)
+    in_use: bool = False  # a running fanout batch holds it
+    included: bool = True  # False: of another plan, left out
+
+    @property
+    def left(self) -> int | None:
+        """Units of its shard not done nor failed for good (``None``: not known)."""
+        if self.planned is None:
+            return None
+        return max(0, self.planned - self.done - self.failed)
 
 
 @attrs.frozen
@@ -133,6 +175,8 @@ class MergeReport:
     unfinished_keys: list[str] = attrs.Factory(list)  # a rerun may finish them
     not_done: dict[str, int] = attrs.Factory(dict)  # state -> units not done
     conflicts: list[Conflict] = attrs.Factory(list)
+    newer: list[Newer] = attrs.Factory(list)  # inputs holding later records than others
+    files: list[FileTally] = attrs.Factory(list)  # each results input, for --check
     duplicates: int = 0  # keys recorded alike in several files: kept once
     present_shards: list[int] = attrs.Factory(list)
     missing_shards: list[int] = attrs.Factory(list)
@@ -141,6 +185,7 @@ class MergeReport:
     in_use: list[str] = attrs.Factory(list)  # inputs a running fanout batch holds
     old_files: list[str] = attrs.Factory(list)  # records without shard and plan fields
     not_in_plan: int = 0  # records of units outside the plan: left out
+    other_plan: int = 0  # records of another plan, in files of this one, for other content
     records: int = 0  # written to the merged file
     scores: int = 0  # written to the merged scores file
     scores_duplicates: int = 0  # exact duplicates dropped
@@ -210,29 +255,42 @@ def _load_plan(prompts: str, config: str | None, models: Sequence[str],
 # ------------------------------------------------------------------------ merging
 
 
+def _when(slot: Slot) -> datetime.datetime:
+    return slot.time or _NO_TIME
+
+
 def _better(one: Slot, other: Slot, planned: str | None) -> bool:
-    """Whether ``one`` is to be kept over ``other`` (a later input over an earlier one
-    when all else is equal)."""
-    # The rule of one file's records, read without an order: whichever came later, a
-    # record of the same run, not done and without output, never displaces one with.
+    """Whether ``one`` is to be kept over ``other``: the later (``finished_at``; a record
+    without it is the older), as within one file, unless ``supersedes`` says not (of
+    the same run, not done, the one with output stays) or the earlier is completed and
+    the later not (two files' runs of a unit: a failure in one loses no answer of the
+    other); a record of the planned content first.  The same time: completed over the
+    rest, then the later input."""
     if not supersedes(other.attempt, one.attempt):
         return False
     if not supersedes(one.attempt, other.attempt):
         return True
 
-    def rank(slot: Slot) -> tuple[bool, int, str]:
+    def rank(slot: Slot) -> tuple[bool, bool, datetime.datetime, int]:
         state = _RANK.index(slot.state) if slot.state in _RANK else len(_RANK)
-        return slot.content_key == planned, -state, slot.finished
+        return slot.content_key == planned, slot.state == "completed", _when(slot), -state
     return rank(one) >= rank(other)
 
 
 def merge(inputs: Sequence[str | os.PathLike[str]], output: str | os.PathLike[str], *,
           prompts: str | os.PathLike[str] | None = None,
           config: str | os.PathLike[str] | None = None, models: Sequence[str] = (),
-          samples: int | None = None, accept_empty: bool = False) -> MergeReport:
+          samples: int | None = None, accept_empty: bool = False,
+          into: bool = False) -> MergeReport:
     """Merge the results files ``inputs`` (files or directories) into ``output`` and
     the scores among or beside them into its scores file; check them (against the
     plan of ``prompts`` and ``config`` when given: see the module docstring).
+
+    ``output`` is never one of the inputs, nor their scores files, and an existing
+    ``output`` whose records the merge would lose (units it holds newer records of,
+    or that no input holds: it was resumed since it was merged) is refused; with
+    ``into`` the output is read as the first input and replaced by the merge (the
+    records of every unit it holds kept, unless an input holds a later one).
 
     Returns the ``MergeReport``; raises ``ConfigError`` (one line, naming the file;
     nothing written) for a bad input, output, prompts file or config."""
@@ -242,7 +300,9 @@ def merge(inputs: Sequence[str | os.PathLike[str]], output: str | os.PathLike[st
         raise ConfigError("--config: the plan needs the prompts too: give --prompts")
     for target in (output, scores_output):
         check_output(target)
-    results, scores = find_inputs(inputs, [output, scores_output])
+    into = into and os.path.lexists(output)
+    results, scores = find_inputs([output, *inputs] if into else inputs)
+    guard_outputs(output, scores_output, results, scores, into=into)
     for target in (output, scores_output):
         for name in (prompts, config):
             if name is not None and (one := stat_of(target)) and (two := stat_of(os.fspath(name))) \
@@ -251,19 +311,102 @@ def merge(inputs: Sequence[str | os.PathLike[str]], output: str | os.PathLike[st
     report = MergeReport(output, inputs=[s.path for s in results],
                          scores_inputs=[s.path for s in scores])
     with contextlib.ExitStack() as stack:
-        for source in (*results, *scores):
-            source.file = stack.enter_context(open_input(source.path))
-        for index, source in enumerate(results):
-            read_results(index, source, report.torn, report.in_use)
-        plan = _choose_plan(results, report, prompts, config, models, samples)
-        merged = _merge_keys(results, report, plan)
-        _check(merged, results, report, plan, accept_empty)
+        merged, plan = _analyse(stack, results, scores, report, prompts, config, models,
+                                samples, accept_empty, hold=True)
+        picked = _pick_scores(scores, results, merged, report)
+        if not into:
+            _refuse_losing(stack, output, scores_output, results, merged, plan, picked)
         write(output, _lines(merged, results))
         report.records = len(merged)
         if scores or os.path.lexists(scores_output):
-            write(scores_output, _score_lines(scores, results, merged, report))
+            write(scores_output, (read_line(file, at, size) for file, at, size in picked[0]))
+            report.scores = len(picked[0])
             report.scores_output = scores_output
     return report
+
+
+def check(inputs: Sequence[str | os.PathLike[str]], *,
+          prompts: str | os.PathLike[str] | None = None,
+          config: str | os.PathLike[str] | None = None, models: Sequence[str] = (),
+          samples: int | None = None, accept_empty: bool = False) -> MergeReport:
+    """What ``merge`` would find of ``inputs``, writing nothing (``fanout merge --check``,
+    ``fanout report --watch``): the same check, and ``MergeReport.files``, each results
+    input's units by how they stand.  It takes no lock a starting shard would trip on."""
+    if config is not None and prompts is None:
+        raise ConfigError("--config: the plan needs the prompts too: give --prompts")
+    results, scores = find_inputs(inputs)
+    report = MergeReport("", inputs=[s.path for s in results],
+                         scores_inputs=[s.path for s in scores])
+    with contextlib.ExitStack() as stack:
+        merged, _ = _analyse(stack, results, [], report, prompts, config, models, samples,
+                             accept_empty, hold=False)
+        report.records = len(merged)
+    return report
+
+
+def _analyse(stack: contextlib.ExitStack, results: list[Input], scores: list[Input],
+             report: MergeReport, prompts: str | os.PathLike[str] | None,
+             config: str | os.PathLike[str] | None, models: Sequence[str],
+             samples: int | None, accept_empty: bool, *, hold: bool
+             ) -> tuple[dict[str, Slot], _Plan | None]:
+    """Read the inputs (held open on ``stack``), merge their keys and check them."""
+    for source in (*results, *scores):
+        source.file = stack.enter_context(open_input(source.path))
+    for index, source in enumerate(results):
+        read_results(index, source, report.torn, report.in_use, hold=hold)
+    plan = _choose_plan(results, report, prompts, config, models, samples)
+    merged = _merge_keys(results, report, plan)
+    _check(merged, results, report, plan, accept_empty)
+    return merged, plan
+
+
+def _refuse_losing(stack: contextlib.ExitStack, output: str, scores_output: str,
+                   results: list[Input], merged: dict[str, Slot], plan: _Plan | None,
+                   picked: tuple[list[tuple[IO[bytes], int, int]], set[bytes]]) -> None:
+    """Refuse to replace an existing ``output`` (or its scores) holding records the merge
+    would lose: a unit no input holds, or a later record than the merge keeps of it."""
+    if file_kind(output) == "results":
+        mine = Input(output)
+        mine.file = stack.enter_context(open_input(output))
+        read_results(len(results), mine, [], [])
+        lost = 0
+        for key, slot in mine.latest.items():
+            kept = merged.get(key)
+            unit = None if plan is None else plan.units.get(key)
+            if kept is None:
+                lost += unit is not None or plan is None
+            elif (kept.content_key, kept.answer) != (slot.content_key, slot.answer) \
+                    and _better(slot, kept, None if unit is None else unit[0]):
+                lost += 1
+        if lost:
+            raise ConfigError(
+                f"{output}: holds {_units(lost)} the merge would lose (newer records than "
+                f"the inputs hold, or units none of them holds: was it resumed since it "
+                f"was merged?): merge the inputs into it with --into {output}, or add it "
+                "as an input and name another -o; nothing was written")
+    if file_kind(scores_output) == "scores":
+        with open_input(scores_output) as file:
+            lost = 0
+            for line in scan(file, scores_problem):
+                record = line.record
+                if record is None:
+                    continue
+                held = merged.get(_work_key(record["id"], record["model"], record["sample"]))
+                if held is None or (record["answer_key"] == held.answer and hashlib.sha256(
+                        orjson.dumps(record, option=orjson.OPT_SORT_KEYS)).digest()
+                        not in picked[1]):
+                    lost += 1  # (the score of an answer the merge replaced is not lost)
+        if lost:
+            raise ConfigError(
+                f"{scores_output}: holds {lost} score{'s' if lost != 1 else ''} the merge "
+                f"would lose (of units it does not hold, or of answers it keeps but no "
+                f"input's scores file scores so: scored since it was merged?): merge the "
+                f"inputs into it with --into {output}, or name another -o; nothing was "
+                "written")
+
+
+def _units(count: int) -> str:
+    return f"{count} unit{'s' if count != 1 else ''}"
 
 
 def _choose_plan(results: list[Input], report: MergeReport,
@@ -272,10 +415,10 @@ def _choose_plan(results: list[Input], report: MergeReport,
                  samples: int | None) -> _Plan | None:
     """The merge's plan: recomputed from ``prompts`` and ``config``, else the one most
     inputs name; the inputs of another plan are left out."""
-    shard_plans = Counter(s.last_plan for s in results
-                          if s.last_plan is not None and s.last_shard is not None)
-    counts = Counter(s.last_shard[1] for s in results
-                     if s.last_plan is not None and s.last_shard is not None)
+    # Each plan by how many files hold records of it (a merged file holds its shards'
+    # records, and a resume of it adds records of the unsharded plan of the same units).
+    shard_plans = Counter(plan for s in results for plan in s.plans)
+    counts = Counter(n for s in results for n, _ in s.plans.values())
     report.shards = counts.most_common(1)[0][0] if counts else None
     plan = None
     if prompts is not None:
@@ -293,12 +436,12 @@ def _choose_plan(results: list[Input], report: MergeReport,
                                            report.shards)
     elif shard_plans:
         report.plan = shard_plans.most_common(1)[0][0]
-        report.shards = next(s.last_shard[1] for s in results
-                             if s.last_plan == report.plan and s.last_shard is not None)
+        report.shards = next(s.plans[report.plan][0] for s in results
+                             if report.plan in s.plans)
     for source in results:
         if not source.has_fields:
             report.old_files.append(source.path)
-        elif report.plan is not None and source.last_plan != report.plan:
+        elif report.plan is not None and report.plan not in source.plans:
             source.included = False
             shard = source.last_shard
             report.foreign_shards.append(ForeignShard(
@@ -321,6 +464,8 @@ def _merge_keys(results: list[Input], report: MergeReport, plan: _Plan | None
             for key, slot in source.latest.items():
                 candidates.setdefault(key, []).append(slot)
     merged: dict[str, Slot] = {}
+    newer: Counter[tuple[int, int]] = Counter()  # (newer file, older file) -> units
+    newer_kept: Counter[tuple[int, int]] = Counter()  # of those, the newer kept
     for key, slots in candidates.items():
         planned = None
         if plan is not None:
@@ -329,6 +474,16 @@ def _merge_keys(results: list[Input], report: MergeReport, plan: _Plan | None
                 report.not_in_plan += 1
                 continue
             planned = unit[0]
+        if report.plan is not None:
+            # A record of another plan in a file of this one's (a merged file resumed
+            # unsharded: the same units, another N) counts when it asks what the plan
+            # asks of its unit: its content key, as the plan or a record of it has it.
+            ours = [s for s in slots if s.plan in (None, report.plan)
+                    or _same_question(s, key, planned, results, report.plan)]
+            report.other_plan += len(slots) - len(ours)
+            if not ours:
+                continue
+            slots = ours
         kept = slots[0]
         if len(slots) > 1:
             if len({(s.content_key, s.answer) for s in slots}) == 1:
@@ -337,11 +492,32 @@ def _merge_keys(results: list[Input], report: MergeReport, plan: _Plan | None
                 for slot in slots[1:]:
                     if _better(slot, kept, planned):
                         kept = slot
+                others = [s for s in slots if s is not kept]
+                newest = max(slots, key=_when)
+                later = all(_when(s) < _when(newest) for s in slots if s is not newest)
+                for slot in slots:
+                    if later and slot is not newest \
+                            and (slot.content_key, slot.answer) != (newest.content_key,
+                                                                    newest.answer):
+                        newer[(newest.file, slot.file)] += 1
+                        newer_kept[(newest.file, slot.file)] += kept is newest
                 report.conflicts.append(Conflict(
                     key, (results[kept.file].path, kept.state),
-                    tuple((results[s.file].path, s.state) for s in slots if s is not kept)))
+                    tuple((results[s.file].path, s.state) for s in others),
+                    newer=later and kept is newest))
         merged[key] = kept
+    report.newer = [Newer(results[one].path, results[other].path, count,
+                          newer_kept[(one, other)])
+                    for (one, other), count in sorted(newer.items())]
     return merged
+
+
+def _same_question(slot: Slot, key: str, planned: str | None, results: list[Input],
+                   plan: str) -> bool:
+    if planned is not None:
+        return slot.content_key == planned
+    return any(s.included and s.plans.get(plan, (0, {}))[1].get(key) == slot.content_key
+               for s in results)
 
 
 def _check(merged: dict[str, Slot], results: list[Input], report: MergeReport,
@@ -377,6 +553,7 @@ def _check(merged: dict[str, Slot], results: list[Input], report: MergeReport,
             report.failed_keys.append(key)
         else:
             report.unfinished_keys.append(key)
+    _tally_files(checked, results, report, plan, done_states)
     # The shards.
     if report.plan is None or report.shards is None:
         return
@@ -397,6 +574,34 @@ def _check(merged: dict[str, Slot], results: list[Input], report: MergeReport,
     report.missing_shards = sorted(expected - present)
 
 
+def _tally_files(checked: list[tuple[str, Slot]], results: list[Input], report: MergeReport,
+                 plan: _Plan | None, done_states: set[str]) -> None:
+    """``report.files``: each results input's kept units by how they stand."""
+    failed = set(report.failed_keys)
+    torn = {t.path for t in report.torn}
+    tallies = [FileTally(source.path, None if source.last_shard is None
+                         else f"{source.last_shard[0]}/{source.last_shard[1]}",
+                         torn=source.path in torn, in_use=source.path in report.in_use,
+                         included=source.included)
+               for source in results]
+    for key, slot in checked:
+        tally = tallies[slot.file]
+        tally.units += 1
+        if slot.state in done_states:
+            tally.done += 1
+        elif key in failed:
+            tally.failed += 1
+        else:
+            tally.unfinished += 1
+    if plan is not None and report.shards is not None:
+        per_shard = Counter(shard_of(key, report.shards) for key in plan.units)
+        for source, tally in zip(results, tallies, strict=True):
+            if source.included and source.last_shard is not None \
+                    and source.last_shard[1] == report.shards:
+                tally.planned = per_shard[source.last_shard[0]]
+    report.files = tallies
+
+
 # ------------------------------------------------------------------------ writing
 
 
@@ -412,16 +617,17 @@ def _lines(merged: dict[str, Slot], results: list[Input]) -> Iterator[bytes]:
             yield read_line(file, slot.offset, slot.size)
 
 
-def _score_lines(scores: list[Input], results: list[Input], merged: dict[str, Slot],
-                 report: MergeReport) -> Iterator[bytes]:
-    """The scores of the merged answers: exact duplicates once, those of a unit not in
-    the merge or of an answer it did not keep dropped."""
+def _pick_scores(scores: list[Input], results: list[Input], merged: dict[str, Slot],
+                 report: MergeReport) -> tuple[list[tuple[IO[bytes], int, int]], set[bytes]]:
+    """The scores of the merged answers, where their lines are (and their digests):
+    exact duplicates once, those of a unit not in the merge or of an answer it did not
+    keep dropped."""
     seen: set[bytes] = set()
+    picked: list[tuple[IO[bytes], int, int]] = []
     for source in scores:
         assert source.file is not None
         unreadable, records, results_like, offset = Unreadable(), 0, 0, 0
         pair = None if source.pair is None else results[source.pair]
-        kept: list[tuple[int, int]] = []
         for line in scan(source.file, scores_problem):
             if line.record is not None:
                 records += 1
@@ -442,7 +648,7 @@ def _score_lines(scores: list[Input], results: list[Input], merged: dict[str, Sl
                         report.scores_duplicates += 1
                     else:
                         seen.add(digest)
-                        kept.append((offset, line.size))
+                        picked.append((source.file, offset, line.size))
             elif line.torn:
                 report.torn.append(Torn(source.path, line.number, line.size))
             elif line.kind is not None:
@@ -452,6 +658,4 @@ def _score_lines(scores: list[Input], results: list[Input], merged: dict[str, Sl
         if unreadable:
             refuse_unreadable(source.path, unreadable, records, "scores", "results",
                                results_like)
-        for at, size in kept:
-            report.scores += 1
-            yield read_line(source.file, at, size)
+    return picked, seen

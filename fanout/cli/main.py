@@ -238,6 +238,9 @@ def _parser() -> argparse.ArgumentParser:
                              "file, by prompt id (as fanout score --prompts scored them)")
     report.add_argument("--against-prompts", metavar="PROMPTS.jsonl",
                         help="the same for the baseline")
+    from .report import add_watch_arguments
+
+    add_watch_arguments(report)
 
     from .merge import add_parser as add_merge
 
@@ -482,6 +485,11 @@ def _run(args: argparse.Namespace) -> int:
         from .init import InitOptions, run_init
 
         return run_init(InitOptions(path=args.path, base_url=args.base_url))
+    if args.command == "report" and args.watch:
+        from .report import watch
+
+        return watch([args.results], every=args.every, max_updates=args.max_updates,
+                     prompts=args.prompts, config=args.config)
     if args.command == "report":
         from .report import report
 

@@ -16,7 +16,7 @@ from .._exceptions import ConfigError
 if TYPE_CHECKING:
     from ..batch.shards import MergeReport
 
-__all__ = ["add_parser", "render", "run_merge"]
+__all__ = ["add_parser", "check_lines", "render", "run_merge"]
 
 #: Keys listed per kind (missing, conflicts...); the rest are counted.
 LISTED = 10
@@ -44,9 +44,19 @@ def add_parser(commands: Any) -> None:
         description=DESCRIPTION)
     parser.add_argument("shards", nargs="+", metavar="SHARD",
                         help="a results file of a shard, or a directory of them")
-    parser.add_argument("-o", "--output", required=True, metavar="MERGED.jsonl",
-                        help="the merged results file (written whole, replacing one there); "
-                             "its scores go to MERGED.scores.jsonl beside it")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("-o", "--output", metavar="MERGED.jsonl",
+                       help="the merged results file (written whole, replacing one there "
+                            "unless it is an input or holds records the merge would lose); "
+                            "its scores go to MERGED.scores.jsonl beside it")
+    where.add_argument("--into", metavar="MERGED.jsonl",
+                       help="merge the shards into this earlier merged file (after it was "
+                            "resumed, say): it is read as an input, and replaced by the merge, "
+                            "which keeps the latest record of every unit of all of them")
+    where.add_argument("--check", action="store_true",
+                       help="write nothing: show each shard file's units (planned, done, "
+                            "failed, left), the shards missing and the total, while shards "
+                            "run or after; the exit status is the merge's")
     parser.add_argument("--prompts", metavar="PROMPTS.jsonl",
                         help="the batch's prompts file: the plan is recomputed and every "
                              "missing unit named")
@@ -65,19 +75,30 @@ def add_parser(commands: Any) -> None:
 def run_merge(args: argparse.Namespace, *, stdout: TextIO | None = None,
               stderr: TextIO | None = None) -> int:
     """Run ``fanout merge``; returns its exit status."""
-    from ..batch.shards import merge
+    from ..batch.shards import check, merge
     from .report import printable
 
     out, err = stdout or sys.stdout, stderr or sys.stderr
     try:
-        report = merge(args.shards, args.output, prompts=args.prompts, config=args.config,
-                       models=tuple(args.models), samples=args.samples,
-                       accept_empty=args.accept_empty)
+        if args.check:
+            report = check(args.shards, prompts=args.prompts, config=args.config,
+                           models=tuple(args.models), samples=args.samples,
+                           accept_empty=args.accept_empty)
+        elif args.output is None and args.into is None:
+            raise ConfigError("name the merged file: -o MERGED.jsonl (or --into MERGED.jsonl "
+                              "to merge into an earlier merge; --check writes nothing)")
+        else:
+            report = merge(args.shards, args.into or args.output, prompts=args.prompts,
+                           config=args.config, models=tuple(args.models),
+                           samples=args.samples, accept_empty=args.accept_empty,
+                           into=args.into is not None)
     except ConfigError as exc:
         for line in exc.problems or [str(exc)]:
             print(f"fanout merge: {printable(line)}", file=err)
         return 2
     notes, closing = render(report)
+    if args.check:
+        closing = check_lines(report) + closing[-1:]
     for line in notes:
         print(f"fanout merge: {printable(line)}", file=err)
     for line in closing:
@@ -127,23 +148,33 @@ def render(report: MergeReport) -> tuple[list[str], list[str]]:
     if report.not_in_plan:
         notes.append(f"{_plural(report.not_in_plan, 'unit')} not in the plan (other prompts, "
                      "models or samples): left out")
+    if report.other_plan:
+        notes.append(f"{_plural(report.other_plan, 'record')} of another plan in files of this "
+                     "one (asking other content of their units): left out")
     if report.duplicates:
         notes.append(f"{_plural(report.duplicates, 'unit')} recorded alike in several files: "
                      "kept once")
-    for conflict in report.conflicts[:LISTED]:
+    for newer in report.newer:
+        kept = ("kept" if newer.kept == newer.units else
+                f"{newer.kept} kept, {newer.units - newer.kept} not (a later failure does not "
+                "replace a completed answer of another file)")
+        notes.append(f"{newer.path} holds {_plural(newer.units, 'unit')} newer than "
+                     f"{newer.than} (finished later, recorded differently: a redo since): "
+                     f"{kept}")
+    clashes = [c for c in report.conflicts if not c.newer]
+    for conflict in clashes[:LISTED]:
         others = ", ".join(f"{path} ({state})" for path, state in conflict.others)
         notes.append(f"conflict: {conflict.key} differs in {conflict.kept[0]} "
                      f"({conflict.kept[1]}) and {others}: kept {conflict.kept[0]}'s")
-    if len(report.conflicts) > LISTED:
-        notes.append(f"… and {len(report.conflicts) - LISTED} more conflicts")
+    if len(clashes) > LISTED:
+        notes.append(f"… and {len(clashes) - LISTED} more conflicts")
     if report.missing_keys:
         changed = (f"; {report.changed} of them recorded for other content: the prompt or "
                    "config changed since" if report.changed else "")
         notes.append(f"missing: {_plural(len(report.missing_keys), 'planned unit')}"
                      f"{changed}: {_listed(report.missing_keys)}")
     if report.missing_shards:
-        notes.append(f"missing shards: {', '.join(map(str, report.missing_shards))} of "
-                     f"{report.shards} (no input holds a record of them)")
+        notes.append(_missing_shards(report))
     for model, how in report.hopeless_models.items():
         notes.append(f"{model}: every one of its units ended {how}: running it again will "
                      "not help")
@@ -167,9 +198,12 @@ def render(report: MergeReport) -> tuple[list[str], list[str]]:
                else "0" if report.fingerprint_matches else "?")
     shards = (f"{len(report.present_shards)} of {report.shards}" if report.shards is not None
               else "?")
+    redone = sum(c.newer for c in report.conflicts)
+    conflicts = f"{len(report.conflicts) - redone}" + (f" (and {redone} newer records kept)"
+                                                       if redone else "")
     counts = (f"units planned {planned}, present {report.present}, missing {missing}, failed "
               f"{len(report.failed_keys)}, unfinished {len(report.unfinished_keys)}, conflicts "
-              f"{len(report.conflicts)}, torn tails cut {len(report.torn)}; shards present "
+              f"{conflicts}, torn tails cut {len(report.torn)}; shards present "
               f"{shards}")
     code = report.exit_code
     unchecked = not report.keys_checked and report.fingerprint_matches is None
@@ -186,3 +220,51 @@ def render(report: MergeReport) -> tuple[list[str], list[str]]:
                    "again (the same fanout batch --shard I/N, which resumes its file) and "
                    "merge again, or resume the merged file with fanout batch (exit 75)")
     return notes, [wrote, counts, verdict]
+
+
+def _missing_shards(report: MergeReport) -> str:
+    """Which shards no input holds, by number (0-based), and how many are there."""
+    missing, total = report.missing_shards, report.shards or 0
+    which = (f"shard {missing[0]}" if len(missing) == 1
+             else f"shards {', '.join(map(str, missing))}")
+    return (f"missing {which} of {total} (numbered 0 to {total - 1}; "
+            f"{total - len(missing)} of {total} present): no input holds a record of "
+            f"{'it' if len(missing) == 1 else 'them'}")
+
+
+def check_lines(report: MergeReport) -> list[str]:
+    """``fanout merge --check``'s lines (``fanout report --watch``'s too): each results
+    input's units, each shard no input holds, the total."""
+    lines = []
+    for tally in report.files:
+        shard = f"shard {tally.shard}" if tally.shard else "no shard named"
+        if not tally.included:
+            lines.append(f"{tally.path}: {shard}: of another plan, left out")
+            continue
+        if tally.planned is not None:
+            counts = (f"planned {tally.planned}, done {tally.done}, failed {tally.failed}, "
+                      f"left {tally.left}")
+        else:
+            counts = (f"units {tally.units}: done {tally.done}, failed {tally.failed}, "
+                      f"unfinished {tally.unfinished}")
+        states = []
+        if tally.in_use:
+            states.append("a running fanout batch is writing it")
+        if tally.torn:
+            states.append("a torn last line (a record being written, or a run stopped "
+                          "mid-write)")
+        lines.append(f"{tally.path}: {shard}: {counts}" + "".join(f"; {s}" for s in states))
+    for index in report.missing_shards:
+        lines.append(f"shard {index}/{report.shards}: no file holds a record of it")
+    failed = len(report.failed_keys)
+    if report.planned is not None:
+        left = f"left {max(0, report.planned - report.done - failed)}"
+    else:
+        left = f"left at least {len(report.unfinished_keys)} (the plan is not known)"
+    planned = "?" if report.planned is None else str(report.planned)
+    shards = (f"; shards present {len(report.present_shards)} of {report.shards}"
+              if report.shards is not None else "")
+    running = f"; {_plural(len(report.in_use), 'file')} being written" if report.in_use else ""
+    lines.append(f"total: units planned {planned}, done {report.done}, failed {failed}, "
+                 f"{left}{shards}{running}")
+    return lines

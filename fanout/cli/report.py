@@ -662,3 +662,82 @@ def _plain(summary: dict[str, dict[str, Any]], kept: list[dict[str, Any]], *, as
 
     console.print(Group(summary_view(summary, console), *cost_lines(evaluation, console)))
     return 0
+
+
+# ------------------------------------------------------------------------- --watch
+
+def add_watch_arguments(parser: Any) -> None:
+    """``fanout report --watch``'s options, on the ``report`` parser."""
+    parser.add_argument("--watch", action="store_true",
+                        help="RESULTS is the shards' directory (or shard files, as for fanout "
+                             "merge): show each shard's units done, failed and left and the "
+                             "total, again every --every seconds, until every shard is "
+                             "complete (or Ctrl-C); exit 0. fanout merge --check looks once")
+    parser.add_argument("--every", type=float, default=2.0, metavar="SECONDS",
+                        help="with --watch: seconds between two looks (default 2)")
+    parser.add_argument("--max-updates", type=int, metavar="N",
+                        help="with --watch: stop after N looks")
+    parser.add_argument("--config", metavar="FILE",
+                        help="with --watch and --prompts: the batch's config (the plan is "
+                             "recomputed: units planned and left per shard)")
+
+
+def watch(paths: Sequence[str], *, every: float = 2.0, max_updates: int | None = None,
+          prompts: str | None = None, config: str | None = None,
+          stdout: TextIO | None = None, stderr: TextIO | None = None,
+          sleep: Callable[[float], None] | None = None, live: bool | None = None) -> int:
+    """``fanout report --watch DIR``: ``fanout merge --check``'s lines (the same check,
+    ``fanout.batch.shards.check``), again every ``every`` seconds until nothing is left
+    to run (every shard there and done, or failed for good: the check's exit status is
+    0 or 1), ``max_updates`` looks, or Ctrl-C; exit 0 (2 for bad usage).  On a terminal
+    (``live``) the lines are redrawn in place, else each look that changed anything is
+    printed whole."""
+    import time
+
+    from .._exceptions import ConfigError
+    from ..batch.shards import EXIT_UNFINISHED, check
+    from .merge import check_lines, render
+
+    out, err = stdout or sys.stdout, stderr or sys.stderr
+    if every <= 0 or (max_updates is not None and max_updates < 1):
+        print("fanout report: --every must be above 0 and --max-updates at least 1",
+              file=err)
+        return 2
+    if config is not None and prompts is None:
+        print("fanout report: --config: the plan needs the prompts too: give --prompts",
+              file=err)
+        return 2
+    live = out.isatty() if live is None else live
+    pause = sleep or time.sleep
+    console = Console(file=out, highlight=False, soft_wrap=True) if live else None
+    shown: list[str] | None = None
+    looks = 0
+
+    def look() -> tuple[list[str], bool]:
+        try:
+            report = check(paths, prompts=prompts, config=config)
+        except ConfigError as exc:  # no shard file yet, say: look again
+            return [f"fanout report: {printable(str(exc))}"], False
+        return ([printable(line) for line in check_lines(report)]
+                + [printable(render(report)[1][-1])], report.exit_code != EXIT_UNFINISHED)
+
+    from rich.live import Live
+
+    context = (Live(console=console, auto_refresh=False, transient=False)
+               if console is not None else contextlib.nullcontext())
+    try:
+        with context as screen:
+            while True:
+                lines, finished = look()
+                looks += 1
+                if screen is not None:
+                    screen.update(Text("\n".join(lines)), refresh=True)
+                elif lines != shown:
+                    print("\n".join(lines), file=out, flush=True)
+                shown = lines
+                if finished or (max_updates is not None and looks >= max_updates):
+                    break
+                pause(every)
+    except KeyboardInterrupt:
+        pass
+    return 0

@@ -6,6 +6,7 @@ beside, renamed over; never through a link).  ``fanout.batch.merge`` is the merg
 from __future__ import annotations
 
 import contextlib
+import datetime
 import errno
 import fcntl
 import os
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import IO
 
 import attrs
+import orjson
 
 from .._exceptions import ConfigError
 from ..files import create_new, identity, kind_of, remove_if_same, temporary_name
@@ -63,17 +65,21 @@ class Slot:
     plan: str | None
     shard: tuple[int, int] | None
     attempt: Attempt  # what ``supersedes`` compares (``state`` is its state)
+    time: datetime.datetime | None = None  # ``finished``, parsed (None: absent or bad)
 
 
 @attrs.define
 class Input:
     path: str
+    found_in: str | None = None  # the directory it was found in (None: named itself)
     file: IO[bytes] | None = None
     pair: int | None = None  # scores: the results input beside it
     latest: dict[str, Slot] = attrs.Factory(dict)
     last_plan: str | None = None  # the plan and shard of its last record
     last_shard: tuple[int, int] | None = None
     has_fields: bool = False
+    # every plan its records name: plan -> (N, key -> the content key last recorded)
+    plans: dict[str, tuple[int, dict[str, str]]] = attrs.Factory(dict)
     included: bool = True
 
 
@@ -111,16 +117,32 @@ def open_input(path: str) -> IO[bytes]:
     return open(fd, "rb")  # held open until the merge is written
 
 
-def locked_by_a_run(file: IO[bytes]) -> bool:
-    """Take a shared lock (held while the merge reads): ``True`` when a ``fanout
-    batch`` holds the file (it is being written)."""
+def locked_by_a_run(file: IO[bytes], *, hold: bool = True) -> bool:
+    """Take a shared lock (held while the merge reads, unless not ``hold``: a check
+    that only looks lets go at once, so a shard starting meanwhile is not refused):
+    ``True`` when a ``fanout batch`` holds the file (it is being written)."""
     try:
         fcntl.flock(file.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
         return True
     except OSError:
         return False  # a file system without locks: nothing to tell
+    if not hold:
+        with contextlib.suppress(OSError):
+            fcntl.flock(file.fileno(), fcntl.LOCK_UN)
     return False
+
+
+def finished_time(value: object) -> datetime.datetime | None:
+    """A record's ``finished_at`` as an aware time, or ``None`` (absent or not ISO 8601;
+    a time without a zone is taken as UTC)."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        when = datetime.datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return when if when.tzinfo is not None else when.replace(tzinfo=datetime.UTC)
 
 
 def refuse_unreadable(path: str, unreadable: Unreadable, records: int, kind: str,
@@ -136,12 +158,13 @@ def refuse_unreadable(path: str, unreadable: Unreadable, records: int, kind: str
                       "was written")
 
 
-def read_results(index: int, source: Input, torn: list[Torn], in_use: list[str]) -> None:
+def read_results(index: int, source: Input, torn: list[Torn], in_use: list[str], *,
+                 hold: bool = True) -> None:
     """Read the results input ``source`` (number ``index``): its reported record per key,
-    its torn tail (to ``torn``), whether a run holds it (to ``in_use``); refused
-    (``ConfigError``) when a line is not a results record."""
+    its torn tail (to ``torn``), whether a run holds it (to ``in_use``; ``hold``: see
+    ``locked_by_a_run``); refused (``ConfigError``) when a line is not a results record."""
     assert source.file is not None
-    if locked_by_a_run(source.file):
+    if locked_by_a_run(source.file, hold=hold):
         in_use.append(source.path)
     unreadable, records, scores_like, offset = Unreadable(), 0, 0, 0
     for line in scan(source.file, results_problem):
@@ -154,6 +177,8 @@ def read_results(index: int, source: Input, torn: list[Torn], in_use: list[str])
             attempt = attempt_of(record)
             source.last_plan, source.last_shard = plan, shard
             source.has_fields = source.has_fields or plan is not None
+            if plan is not None and shard is not None:
+                source.plans.setdefault(plan, (shard[1], {}))[1][key] = record["content_key"]
             earlier = source.latest.get(key)
             if earlier is None or supersedes(earlier.attempt, attempt):
                 source.latest.pop(key, None)  # else the earlier stays, in its place
@@ -163,7 +188,7 @@ def read_results(index: int, source: Input, torn: list[Torn], in_use: list[str])
                     status if isinstance(status, int) and not isinstance(status, bool)
                     else None,
                     record["model"], str(record.get("finished_at") or ""), plan, shard,
-                    attempt)
+                    attempt, finished_time(record.get("finished_at")))
         elif line.torn:
             torn.append(Torn(source.path, line.number, line.size))
         elif line.kind is not None:
@@ -188,31 +213,22 @@ def stat_of(path: str) -> os.stat_result | None:
         return None
 
 
-def find_inputs(paths: Sequence[str | os.PathLike[str]], outputs: Sequence[str]
-            ) -> tuple[list[Input], list[Input]]:
+def find_inputs(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Input], list[Input]]:
     """The results and scores inputs of ``paths`` (files; directories: their
-    ``*.jsonl``, hidden ones and the outputs aside), each once, each scores file
-    with the results file it is beside."""
+    ``*.jsonl``, hidden ones aside), each once (one file under two names, a link, a
+    hard link: once), each scores file with the results file it is beside."""
     if not paths:
         raise ConfigError("no input: name the shard files or their directory")
-    taken: list[tuple[str, os.stat_result]] = []
-    out_stats = [(name, mode) for name in outputs if (mode := stat_of(name)) is not None]
+    taken: list[os.stat_result] = []
     results: list[Input] = []
     scores: list[Input] = []
 
-    def take(path: str, *, listed: bool) -> bool:
+    def take(path: str, found_in: str | None) -> None:
         mode = stat_of(path)
-        if mode is None:
-            return False
-        for name, out in out_stats:
-            if same_file(mode, out):
-                if listed:
-                    return False  # the output of an earlier merge into this directory
-                raise ConfigError(f"{path}: is the output {name}; name another -o")
-        if any(same_file(mode, seen) for _, seen in taken):
-            return False
-        taken.append((path, mode))
-        return True
+        if mode is None or any(same_file(mode, seen) for seen in taken):
+            return
+        taken.append(mode)
+        (scores if path.endswith(".scores.jsonl") else results).append(Input(path, found_in))
 
     names_given = [os.fspath(path) for path in paths]
     for given in names_given:
@@ -222,22 +238,22 @@ def find_inputs(paths: Sequence[str | os.PathLike[str]], outputs: Sequence[str]
             found = [os.path.join(given, name) for name in names]
             if all(path.endswith(".scores.jsonl") for path in found):
                 raise ConfigError(f"{given}: no results file in it (*.jsonl)")
-            kept = [path for path in found if take(path, listed=True)]
-            for path in kept:
-                (scores if path.endswith(".scores.jsonl") else results).append(Input(path))
+            for path in found:
+                take(path, given)
             continue
         if not os.path.lexists(given):
             raise ConfigError(f"{given}: no such file or directory")
-        if not take(given, listed=False):
-            continue
-        (scores if given.endswith(".scores.jsonl") else results).append(Input(given))
+        take(given, None)
     for index, source in enumerate(results):  # each results file's scores beside it
         beside = os.fspath(scores_path(source.path))
         mode = stat_of(beside)
-        match = next((s for s in scores if (m := stat_of(s.path)) is not None and mode is not None
+        if mode is None:
+            continue
+        match = next((s for s in scores if (m := stat_of(s.path)) is not None
                       and same_file(m, mode)), None)
-        if match is None and mode is not None and take(beside, listed=True):
-            match = Input(beside)
+        if match is None and not any(same_file(mode, seen) for seen in taken):
+            taken.append(mode)
+            match = Input(beside, source.found_in or os.path.dirname(beside) or ".")
             scores.append(match)
         if match is not None:
             match.pair = index
@@ -246,6 +262,88 @@ def find_inputs(paths: Sequence[str | os.PathLike[str]], outputs: Sequence[str]
                           "(a *.scores.jsonl is merged with its results file)")
     return results, scores
 
+
+# ------------------------------------------------------------------------ the outputs
+
+
+def file_kind(path: str) -> str | None:
+    """What the regular file at ``path`` holds, by its first line: ``"results"``,
+    ``"scores"``, ``"empty"`` (nothing but blank lines), ``"other"``; ``None``: no
+    such file."""
+    try:
+        file = open_input(path)
+    except ConfigError:
+        return None if not os.path.lexists(path) else "other"
+    with file:
+        for line in file:
+            if not line.strip():
+                continue
+            try:
+                value = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                return "other"
+            if record_problem(value) is None:
+                return "results"
+            if score_problem(value) is None:
+                return "scores"
+            return "other"
+    return "empty"
+
+
+def _how_found(source: Input) -> str:
+    return f"found in {source.found_in}" if source.found_in is not None else "named"
+
+
+def guard_outputs(output: str, scores_output: str, results: Sequence[Input],
+                  scores: Sequence[Input], *, into: bool) -> None:
+    """Refuse (``ConfigError``, one line naming both files; before anything is written)
+    an output that would replace an input, or a file of the other kind.
+
+    ``output`` and its scores file ``scores_output`` are compared with every input
+    (results and scores, however found: named, in a directory, through a link or a
+    hard link) by device and inode; with ``into`` the output is itself the first input
+    (its merge replaces it) and its scores file the scores beside it.  A results
+    output is never written over a scores file, nor its scores over a results file,
+    nor either over a file that is not fanout's (its first line tells)."""
+    if output.endswith(".scores.jsonl"):
+        raise ConfigError(f"{output}: is named as a scores file (*.scores.jsonl), not a "
+                          "results file: name the merged results file (its scores go "
+                          "beside it); nothing was written")
+    inputs = [(source, "results") for source in results] + [(source, "scores")
+                                                            for source in scores]
+    for target, kind in ((output, "results"), (scores_output, "scores")):
+        mode = stat_of(target)
+        if mode is None:
+            continue
+        for source, its_kind in inputs:
+            their = stat_of(source.path)
+            if their is None or not same_file(mode, their):
+                continue
+            if into and kind == its_kind and (source is results[0] if kind == "results"
+                                              else source.pair == 0):
+                continue  # --into: the output is the first input, its scores beside it
+            what = "the output" if kind == "results" else "the output's scores file"
+            whose = ""
+            if its_kind == "scores" and source.pair is not None:
+                whose = f", the scores file of {results[source.pair].path}"
+            raise ConfigError(
+                f"{target}: is {what} and the input {source.path} ({_how_found(source)}"
+                f"{whose}): fanout merge never writes over an input; name an -o that is "
+                "none of them (to merge new records into an earlier merge: --into MERGED); "
+                "nothing was written")
+        found = file_kind(target)
+        if found in (None, "empty", kind):
+            continue
+        if kind == "results" and found == "scores":
+            why = ("is a fanout scores file: the merged results would replace it (the "
+                   "merged scores go beside MERGED.jsonl, as MERGED.scores.jsonl)")
+        elif kind == "scores" and found == "results":
+            why = (f"is a fanout results file, and the scores of {output} would replace it: "
+                   f"name another -o")
+        else:
+            why = (f"is not a fanout {kind} file (its first line is no {kind} record): "
+                   f"fanout merge replaces only a {kind} file; name another -o")
+        raise ConfigError(f"{target}: {why}; nothing was written")
 
 
 # ------------------------------------------------------------------------ writing

@@ -44,7 +44,8 @@ def test_a_missing_shard_exits_75_and_names_it(tmp_path: Path, shards: tuple[Pat
     status = main(["merge", "-o", str(tmp_path / "m.jsonl"), str(folder)])
     captured = capsys.readouterr()
     assert status == 75
-    assert "fanout merge: missing shards: 2 of 3 (no input holds a record of them)" \
+    assert ("fanout merge: missing shard 2 of 3 (numbered 0 to 2; 2 of 3 present): no input "
+            "holds a record of it") \
         in captured.err.splitlines()
     assert "shards present 2 of 3" in captured.out
     assert captured.out.splitlines()[-1].endswith("(exit 75)")

@@ -269,11 +269,15 @@ def test_the_output_is_written_safely(tmp_path: Path, prompts: str, config: str)
     with pytest.raises(ConfigError, match="symbolic link"):
         merge([shards], link)
     assert target.read_text() == "keep me\n" and link.is_symlink()
-    out = shards / "merged.jsonl"  # inside the input directory: left out the next time
+    out = shards / "merged.jsonl"  # inside the input directory: an input the next time
     merge([shards], out)
     inode = out.stat().st_ino
-    report = merge([shards], out)
-    assert report.records == 16 and report.duplicates == 0
+    with pytest.raises(ConfigError, match="is the output and the input"):
+        merge([shards], out)
+    assert out.stat().st_ino == inode
+    report = merge([shards], out, into=True)  # read once, though named and found
+    assert report.records == 16 and report.duplicates == 16
+    assert report.inputs[0] == str(out) and len(report.inputs) == 3
     assert out.stat().st_ino != inode  # replaced whole, by rename
     assert not [p for p in shards.iterdir() if p.name.startswith(".")]  # no temporary left
 
