@@ -25,6 +25,7 @@ and nothing at all prints: lines worth telling go to the observer
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import threading
@@ -49,7 +50,15 @@ from .plan import Work, encodes, plan_fingerprint, plan_work, unsendable, why_no
 from .progress import BatchObserver
 from .record import stamp
 from .session import Session, is_done
-from .summary import BatchSummary, Failure, Final, exit_code, not_completed
+from .summary import (
+    BatchSummary,
+    Evidence,
+    Failure,
+    Final,
+    exit_code,
+    file_evidence,
+    not_completed,
+)
 
 __all__ = ["run", "run_sync", "shard_concurrency"]
 
@@ -263,6 +272,13 @@ class _Prepared:
         self.observer = observer
         self.notes: list[str] = []
         existing = writer.existing
+        # What the file says of the units it holds not done: their statuses and
+        # reasons, for the summary.
+        self.evidence: dict[str, Evidence] = {}
+        if any(not is_done(r.get("state"), options.accept_empty)
+               for r in existing.latest.values()):
+            with contextlib.suppress(OSError):  # read a moment ago; without it every
+                self.evidence = file_evidence(options.output)  # unit not done runs again
         todo, done, changed = [], 0, 0
         for unit in work:
             record = existing.latest.get(unit.key)
@@ -370,7 +386,11 @@ class _Prepared:
                 state = str(record.get("state")) if record is not None else "unsent"
                 if record is not None and unit.key in session.by_key:
                     state = "unsent"  # to run, and not sent: the run stopped first
-                final = Final(unit.model.name, state, None, None)
+                seen = self.evidence.get(unit.key)
+                if seen is not None and seen.state == state:  # its status and reason
+                    final = Final(unit.model.name, state, seen.status, seen.reason)
+                else:
+                    final = Final(unit.model.name, state, None, None)
             states[final.state] += 1
             if not is_done(final.state, options.accept_empty) or unit.key in unrecorded:
                 finals[unit.key] = final if unit.key not in unrecorded else attrs.evolve(
@@ -385,8 +405,22 @@ class _Prepared:
             closing.append(budget.describe(not_sent))
         elif budget is not None and interrupted is None:
             closing.append(budget.spent_line())
-        lines, failures = not_completed(finals, len(self.work), session.ran_per_model,
-                                        accept_empty=options.accept_empty)
+        units = Counter(unit.model.name for unit in self.work)
+        history: list[dict[str, Evidence]] = []
+
+        def samples(key: str) -> int:
+            # A model of one unit here: how many runs it ended that way (the file, read
+            # again now that it holds this run's records too).
+            if not history:
+                try:
+                    history.append(file_evidence(options.output))
+                except OSError:
+                    history.append({})
+            seen = history[0].get(key)
+            return seen.samples if seen is not None else 1
+
+        lines, failures = not_completed(finals, len(self.work), units,
+                                        accept_empty=options.accept_empty, samples=samples)
         if interrupted is None and not budget_stopped:
             if failed_write is not None:
                 closing.append(
