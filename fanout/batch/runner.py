@@ -45,7 +45,7 @@ from ..request import Endpoint
 from ..store.prompts import Prompt, PromptFileError, load_prompts
 from ..store.results import RecordReader, ResultsFile, ResultsFileError, latest_records, shard_of
 from ..store.scores import ScoresFile, scores_path
-from .options import DEFAULT_CONCURRENCY, BatchOptions, ExitCode
+from .options import DEFAULT_CONCURRENCY, FINAL_STATUSES, BatchOptions, ExitCode
 from .plan import Work, encodes, plan_fingerprint, plan_work, unsendable, why_not
 from .progress import BatchObserver
 from .record import stamp
@@ -272,14 +272,15 @@ class _Prepared:
         self.observer = observer
         self.notes: list[str] = []
         existing = writer.existing
-        # What the file says of the units it holds not done: their statuses and
-        # reasons, for the summary.
+        # What the file says of the units it holds not done: their statuses, for the
+        # requests refused as sent (not sent again, unchanged) and the summary.
         self.evidence: dict[str, Evidence] = {}
         if any(not is_done(r.get("state"), options.accept_empty)
                for r in existing.latest.values()):
             with contextlib.suppress(OSError):  # read a moment ago; without it every
                 self.evidence = file_evidence(options.output)  # unit not done runs again
         todo, done, changed = [], 0, 0
+        refused: list[Evidence] = []
         for unit in work:
             record = existing.latest.get(unit.key)
             if record is not None and is_done(record.get("state"), options.accept_empty):
@@ -287,6 +288,12 @@ class _Prepared:
                     done += 1
                     continue
                 changed += 1
+            seen = self.evidence.get(unit.key)
+            if (not options.retry_failed and record is not None and seen is not None
+                    and seen.status in FINAL_STATUSES and seen.state == record.get("state")
+                    and seen.content_key == unit.content_key):
+                refused.append(seen)  # the same request, refused as sent: it stays so
+                continue
             todo.append(unit)
         if existing.torn_bytes:
             self._note(f"{options.output}: cut off a torn last line ({existing.torn_bytes} "
@@ -300,6 +307,12 @@ class _Prepared:
                    f"models x {options.samples} samples; {done} already completed, "
                    f"{len(todo)} to run" + (f" ({changed} changed since completed)"
                                             if changed else ""))
+        if refused:
+            statuses = ", ".join(map(str, sorted({seen.status for seen in refused
+                                                  if seen.status is not None})))
+            self._note(f"{len(refused)} unit{'s' if len(refused) != 1 else ''} skipped: "
+                       f"refused as sent before (HTTP {statuses}); --retry-failed to send "
+                       f"{'them' if len(refused) != 1 else 'it'} again")
         self.scoring: Scoring | None = None
         if scores is not None:
             if scores.existing.torn_bytes:

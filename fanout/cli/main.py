@@ -166,6 +166,10 @@ def _parser() -> argparse.ArgumentParser:
     batch.add_argument("--accept-empty", action="store_true",
                        help="count a completed stream with an empty answer as done (by "
                             "default it is counted apart as empty, and redone on resume)")
+    batch.add_argument("--retry-failed", action="store_true",
+                       help="send again the units whose last record is the same request "
+                            "refused as sent (HTTP 4xx but 408/409/429); by default a resume "
+                            "skips them, and they stay failed (exit 1)")
     batch.add_argument("--config", metavar="FILE", help="config file (as for compare)")
 
     batch.add_argument("--score", dest="scorers", action="append", default=[], metavar="NAME",
@@ -397,7 +401,7 @@ def _batch(args: argparse.Namespace) -> int:
         per_model_concurrency=args.per_model_concurrency, shard=shard,
         shard_concurrency=args.shard_concurrency, run_id=args.run_id, config=args.config,
         accept_empty=args.accept_empty, scorers=tuple(args.scorers), scores=args.scores,
-        budget=args.budget))
+        budget=args.budget, retry_failed=args.retry_failed))
 
 
 def _score(args: argparse.Namespace) -> int:

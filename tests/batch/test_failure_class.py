@@ -90,3 +90,45 @@ def test_a_model_whose_every_unit_got_a_5xx_is_temporary_for_the_merge_too(
     assert status == ExitCode.TEMPFAIL, err
     code, failed, unfinished = _merged(tmp_path, 3)
     assert (code, failed, len(unfinished)) == (75, [], 3)
+
+
+def test_a_resume_skips_the_requests_refused_as_sent_and_they_stay_failed(
+        tmp_path: Path) -> None:
+    status, err = _batch(tmp_path, "refused", 3)
+    assert status == ExitCode.FAILED, err
+    assert len(_records(tmp_path)) == 3
+    # The same requests again: nothing is sent, and they are failed for good as before.
+    status, err = _batch(tmp_path, "refused", 3)
+    assert status == ExitCode.FAILED, err
+    assert ("fanout batch: 3 units skipped: refused as sent before (HTTP 400); "
+            "--retry-failed to send them again") in err.splitlines()
+    assert err.splitlines()[-1].startswith(
+        "fanout batch: exit 1: 3 units failed in ways a rerun will not fix (HTTP 400")
+    assert len(_records(tmp_path)) == 3
+    # One unit more (a prompt added): only it is sent; all 4 are of the same class.
+    status, err = _batch(tmp_path, "refused", 4)
+    assert status == ExitCode.FAILED, err
+    assert "fanout batch: 3 units skipped: refused as sent before (HTTP 400); " \
+        "--retry-failed to send them again" in err.splitlines()
+    assert err.splitlines()[-1].startswith("fanout batch: exit 1: 4 units failed")
+    assert [r["id"] for r in _records(tmp_path)] == ["q0", "q1", "q2", "q3"]
+    assert _merged(tmp_path, 4)[:2] == (1, sorted(work_key(f"q{i}", "refused", 0)
+                                                  for i in range(4)))
+    # --retry-failed sends them again.
+    status, err = _batch(tmp_path, "refused", 4, retry_failed=True)
+    assert status == ExitCode.FAILED, err
+    assert "skipped" not in err
+    assert len(_records(tmp_path)) == 8
+
+
+def test_a_request_changed_since_it_was_refused_is_sent(tmp_path: Path) -> None:
+    status, _ = _batch(tmp_path, "refused", 2)
+    assert status == ExitCode.FAILED
+    err = io.StringIO()
+    status = run_batch(BatchOptions(
+        prompts=_prompts(tmp_path, 2, changed=" (reworded)"), output=str(
+            tmp_path / "results.jsonl"), models=("refused",), config=_config(tmp_path)),
+        stdout=io.StringIO(), stderr=err, environ={})
+    assert status == ExitCode.FAILED, err.getvalue()
+    assert "skipped" not in err.getvalue()
+    assert len(_records(tmp_path)) == 4
