@@ -8,7 +8,11 @@
 Each task calls ``fanout.batch.run_sync`` on its shard (``BatchOptions.shard = (i, N)``),
 writing ``merged.shards/results-I.jsonl``: no subprocess, no ``fanout`` on the workers'
 PATH, only the package installed where they run.  The tasks share the endpoint: each takes
-its share of the config's concurrency.  ``fanout.batch.merge`` then checks every shard and
+its share of ``--concurrency`` (else the config's ``[concurrency] max``), unless
+``--shard-concurrency`` says how many; ``--score NAME`` scores every answer as it is written
+(each shard's scores file beside its results file, merged with them), and
+``--per-model-concurrency``, ``--accept-empty``, ``--retry-failed`` and ``--run-id`` are
+``fanout batch``'s.  ``fanout.batch.merge`` then checks every shard and
 every planned unit, and writes one results file, as ``fanout merge`` would.
 
 Ray runs a task again when its worker dies (a killed process, a lost node: ``--retries``
@@ -74,8 +78,11 @@ def shard_options(args: argparse.Namespace, index: int) -> BatchOptions:
     output = Path(args.shard_dir).resolve() / f"results-{index}.jsonl"
     return BatchOptions(prompts=str(Path(args.prompts).resolve()), output=str(output),
                         models=tuple(args.models), samples=args.samples,
-                        shard=(index, args.shards),
-                        config=args.config)
+                        shard=(index, args.shards), concurrency=args.concurrency,
+                        per_model_concurrency=args.per_model_concurrency,
+                        shard_concurrency=args.shard_concurrency, run_id=args.run_id,
+                        config=args.config, accept_empty=args.accept_empty,
+                        scorers=tuple(args.scorers), retry_failed=args.retry_failed)
 
 
 def describe(summary: BatchSummary) -> str:
@@ -113,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
     if USAGE in codes:
         print("a shard refused its input: fix it, then run the same command again")
         return USAGE
-    report = merge([args.shard_dir], args.output, prompts=args.prompts, config=args.config)
+    report = merge([args.shard_dir], args.output, prompts=args.prompts, config=args.config,
+                   accept_empty=args.accept_empty)
     codes.add(int(report.exit_code))
     verdict = {0: "complete", 1: "complete, some units failed"}.get(
         int(report.exit_code), "incomplete")
@@ -138,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked; the config found and made absolute."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("prompts", metavar="PROMPTS.jsonl")
     parser.add_argument("-o", "--output", required=True, metavar="MERGED.jsonl")
@@ -148,6 +157,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-m", "--model", dest="models", action="append", default=[])
     parser.add_argument("--samples", type=int, default=1)
     parser.add_argument("--config", metavar="FILE")
+    # As fanout batch takes them; each shard gets them all (BatchOptions).
+    parser.add_argument("--concurrency", type=int, metavar="N",
+                        help="the endpoint's streams in flight, for all shards together "
+                             "(default: the config's [concurrency] max, else 32): each shard "
+                             "takes max(1, N // shards)")
+    parser.add_argument("--shard-concurrency", type=int, metavar="K",
+                        help="streams in flight per shard, over its share")
+    parser.add_argument("--per-model-concurrency", type=int, metavar="N")
+    parser.add_argument("--score", dest="scorers", action="append", default=[],
+                        metavar="NAME", help="score each answer as it is written (repeat); "
+                                             "each shard writes results-I.scores.jsonl "
+                                             "beside its file, and the merge merges them")
+    parser.add_argument("--accept-empty", action="store_true",
+                        help="a completed empty answer is done (shards and merge)")
+    parser.add_argument("--retry-failed", action="store_true",
+                        help="send again the units refused as sent before (HTTP 4xx)")
+    parser.add_argument("--run-id", metavar="ID")
     parser.add_argument("--retries", type=int, default=3,
                         help="attempts after the first, per task (default 3)")
     parser.add_argument("--address", help="a running Ray cluster (default: start one here)")
@@ -155,11 +181,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.shards < 1 or args.retries < 0:
         parser.error("--shards must be >= 1 and --retries >= 0")
+    for flag in ("concurrency", "shard_concurrency", "per_model_concurrency"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be >= 1")
     args.shard_dir = args.shard_dir or str(Path(args.output).with_suffix(".shards"))
     # The config the CLI would take here (--config, else ./fanout.toml, ...), by its
     # absolute path: a worker's directory is not the driver's.
     found = find_config(args.config)
     args.config = str(found.resolve()) if found is not None else None
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no telemetry unless asked
     if args.address:
         ray.init(address=args.address, log_to_driver=False)

@@ -41,6 +41,7 @@ A config is TOML (read with the stdlib ``tomllib``)::
     body_timeout = 10                       # seconds for its body, plus 1 s per body_min_rate
     body_min_rate = 1000                    #   bytes received
     max_reading_connections = 256           # connections read at once (past it: the oldest closed)
+    grace = 20                              # seconds SIGTERM lets running fan-outs finish (0: none)
 
     [[models]]
     name = "fast"                           # what -m and the results call it
@@ -195,6 +196,9 @@ class ServeConfig:
     response was started).  At most ``max_reading_connections`` connections are
     read at once (waiting for or reading a head or body): one more closes the one
     read the longest.
+
+    ``grace``: on SIGTERM, new fan-outs are refused (503) and the running ones get
+    this many seconds to finish before they are cancelled (0: cancelled at once).
     """
 
     keys_env: str | None = None
@@ -211,6 +215,7 @@ class ServeConfig:
     body_timeout: float = 10.0
     body_min_rate: int = 1000
     max_reading_connections: int = 256
+    grace: float = 20.0
 
 
 @final
@@ -625,6 +630,12 @@ class _Checker:
             raise self.fail(f"{where} keepalive",
                             f"must be a number of seconds > 0, not {_kind(keepalive)}")
 
+        grace = table.get("grace", defaults.grace)
+        if isinstance(grace, bool) or not isinstance(grace, int | float) or (
+                not math.isfinite(grace) or grace < 0):
+            raise self.fail(f"{where} grace",
+                            f"must be a number of seconds >= 0, not {_kind(grace)}")
+
         replica = table.get("replica")
         if replica is not None and not (isinstance(replica, str) and REPLICA_NAME.match(replica)):
             raise self.fail(f"{where} replica", f"must be 1 to 63 letters, digits, _ or -, not "
@@ -653,7 +664,8 @@ class _Checker:
             body_timeout=seconds("body_timeout", defaults.body_timeout),
             body_min_rate=count("body_min_rate", defaults.body_min_rate),
             max_reading_connections=count("max_reading_connections",
-                                          defaults.max_reading_connections))
+                                          defaults.max_reading_connections),
+            grace=float(grace))
 
     def model(self, raw: Any, number: int) -> ModelConfig:
         where = f"[[models]] #{number}"

@@ -169,3 +169,33 @@ def test_a_shard_refusing_its_input_says_why_and_nothing_is_merged(
     assert "a shard refused its input" in run["stdout"]
     assert not (workdir / "no-config.jsonl").exists()
     assert not list((workdir / "no-config").glob("*.jsonl"))
+
+
+def test_the_batch_options_of_the_command_line_reach_every_shard(tmp_path: Path) -> None:
+    # What each Ray task is given (examples/ray_batch.py's shard_options), without
+    # starting Ray: concurrency, scorers and the rest are fanout batch's, for every shard.
+    reason = _ray_missing()
+    if reason:
+        pytest.skip(reason)
+    config = tmp_path / "fanout.toml"
+    config.write_text('[endpoint]\nbase_url = "embedded"\n[[models]]\nname = "fast"\n'
+                      'id = "mock/fast"\n')
+    script = (
+        "import json, sys; sys.path.insert(0, 'examples'); import ray_batch; "
+        "args = ray_batch.parse(sys.argv[1:]); "
+        "print(json.dumps([{k: getattr(o, k) for k in ('shard', 'concurrency', "
+        "'shard_concurrency', 'per_model_concurrency', 'scorers', 'accept_empty', "
+        "'retry_failed', 'run_id', 'config')} for o in "
+        "(ray_batch.shard_options(args, i) for i in range(args.shards))]))")
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "p.jsonl"), "-o", str(tmp_path / "m.jsonl"),
+         "--shards", "2", "--config", str(config), "--concurrency", "8",
+         "--shard-concurrency", "3", "--per-model-concurrency", "2", "--score", "exact",
+         "--score", "finish", "--accept-empty", "--retry-failed", "--run-id", "r1"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    shards = json.loads(done.stdout)
+    assert shards == [{"shard": [i, 2], "concurrency": 8, "shard_concurrency": 3,
+                       "per_model_concurrency": 2, "scorers": ["exact", "finish"],
+                       "accept_empty": True, "retry_failed": True, "run_id": "r1",
+                       "config": str(config.resolve())} for i in range(2)]

@@ -97,7 +97,9 @@ class BatchOptions:
     ``fanout.load_config``).  ``accept_empty``: a completed stream with an empty
     answer counts as done.  ``scorers``: scorer names each answer is scored with
     as it is written, into ``scores`` (default: ``RESULTS.scores.jsonl``);
-    ``budget``: USD this run may spend.
+    ``budget``: USD this run may spend.  ``retry_failed``: send again the units whose
+    latest record is a refusal of the same request as sent (HTTP 4xx but 408, 409 and
+    429); by default a resume skips them, and they stay failed for good.
 
     Nothing is checked at construction; ``check()`` (called by ``run``) raises
     ``fanout.ConfigError`` with a line per problem.
@@ -117,6 +119,7 @@ class BatchOptions:
     scorers: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     scores: str | None = None
     budget: float | None = None
+    retry_failed: bool = False
 
     def check(self) -> None:
         """Raise ``fanout.ConfigError`` (a line per problem, named as the command line

@@ -25,6 +25,7 @@ and nothing at all prints: lines worth telling go to the observer
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import threading
@@ -44,12 +45,20 @@ from ..request import Endpoint
 from ..store.prompts import Prompt, PromptFileError, load_prompts
 from ..store.results import RecordReader, ResultsFile, ResultsFileError, latest_records, shard_of
 from ..store.scores import ScoresFile, scores_path
-from .options import DEFAULT_CONCURRENCY, BatchOptions, ExitCode
+from .options import DEFAULT_CONCURRENCY, FINAL_STATUSES, BatchOptions, ExitCode
 from .plan import Work, encodes, plan_fingerprint, plan_work, unsendable, why_not
 from .progress import BatchObserver
 from .record import stamp
 from .session import Session, is_done
-from .summary import BatchSummary, Failure, Final, exit_code, not_completed
+from .summary import (
+    BatchSummary,
+    Evidence,
+    Failure,
+    Final,
+    exit_code,
+    file_evidence,
+    not_completed,
+)
 
 __all__ = ["run", "run_sync", "shard_concurrency"]
 
@@ -263,7 +272,15 @@ class _Prepared:
         self.observer = observer
         self.notes: list[str] = []
         existing = writer.existing
+        # What the file says of the units it holds not done: their statuses, for the
+        # requests refused as sent (not sent again, unchanged) and the summary.
+        self.evidence: dict[str, Evidence] = {}
+        if any(not is_done(r.get("state"), options.accept_empty)
+               for r in existing.latest.values()):
+            with contextlib.suppress(OSError):  # read a moment ago; without it every
+                self.evidence = file_evidence(options.output)  # unit not done runs again
         todo, done, changed = [], 0, 0
+        refused: list[Evidence] = []
         for unit in work:
             record = existing.latest.get(unit.key)
             if record is not None and is_done(record.get("state"), options.accept_empty):
@@ -271,6 +288,12 @@ class _Prepared:
                     done += 1
                     continue
                 changed += 1
+            seen = self.evidence.get(unit.key)
+            if (not options.retry_failed and record is not None and seen is not None
+                    and seen.status in FINAL_STATUSES and seen.state == record.get("state")
+                    and seen.content_key == unit.content_key):
+                refused.append(seen)  # the same request, refused as sent: it stays so
+                continue
             todo.append(unit)
         if existing.torn_bytes:
             self._note(f"{options.output}: cut off a torn last line ({existing.torn_bytes} "
@@ -284,6 +307,12 @@ class _Prepared:
                    f"models x {options.samples} samples; {done} already completed, "
                    f"{len(todo)} to run" + (f" ({changed} changed since completed)"
                                             if changed else ""))
+        if refused:
+            statuses = ", ".join(map(str, sorted({seen.status for seen in refused
+                                                  if seen.status is not None})))
+            self._note(f"{len(refused)} unit{'s' if len(refused) != 1 else ''} skipped: "
+                       f"refused as sent before (HTTP {statuses}); --retry-failed to send "
+                       f"{'them' if len(refused) != 1 else 'it'} again")
         self.scoring: Scoring | None = None
         if scores is not None:
             if scores.existing.torn_bytes:
@@ -370,7 +399,11 @@ class _Prepared:
                 state = str(record.get("state")) if record is not None else "unsent"
                 if record is not None and unit.key in session.by_key:
                     state = "unsent"  # to run, and not sent: the run stopped first
-                final = Final(unit.model.name, state, None, None)
+                seen = self.evidence.get(unit.key)
+                if seen is not None and seen.state == state:  # its status and reason
+                    final = Final(unit.model.name, state, seen.status, seen.reason)
+                else:
+                    final = Final(unit.model.name, state, None, None)
             states[final.state] += 1
             if not is_done(final.state, options.accept_empty) or unit.key in unrecorded:
                 finals[unit.key] = final if unit.key not in unrecorded else attrs.evolve(
@@ -385,8 +418,22 @@ class _Prepared:
             closing.append(budget.describe(not_sent))
         elif budget is not None and interrupted is None:
             closing.append(budget.spent_line())
-        lines, failures = not_completed(finals, len(self.work), session.ran_per_model,
-                                        accept_empty=options.accept_empty)
+        units = Counter(unit.model.name for unit in self.work)
+        history: list[dict[str, Evidence]] = []
+
+        def samples(key: str) -> int:
+            # A model of one unit here: how many runs it ended that way (the file, read
+            # again now that it holds this run's records too).
+            if not history:
+                try:
+                    history.append(file_evidence(options.output))
+                except OSError:
+                    history.append({})
+            seen = history[0].get(key)
+            return seen.samples if seen is not None else 1
+
+        lines, failures = not_completed(finals, len(self.work), units,
+                                        accept_empty=options.accept_empty, samples=samples)
         if interrupted is None and not budget_stopped:
             if failed_write is not None:
                 closing.append(

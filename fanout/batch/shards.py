@@ -34,8 +34,9 @@ only.  A torn last line (a crash mid-write) is left out and named; a file a
 ``fanout batch`` holds locked is still being written.
 
 ``MergeReport.exit_code``: 0 every planned unit is there and done; 1 all is
-there, but some units failed in ways a rerun will not fix (HTTP 4xx other
-than 408/409/429, or every unit of a model ending the same way); 75 work is
+there, but some units failed in ways a rerun will not fix (as ``fanout batch``
+judges it, ``summary.judge``: HTTP 4xx other than 408/409/429, or every unit of
+a model ending the same way of its own, on 2 samples at least); 75 work is
 left that running the shards again may finish (shards or units missing,
 units unfinished, a torn tail, a shard still running).  Bad input raises
 ``ConfigError`` with one line naming the file (nothing is written).
@@ -79,6 +80,7 @@ from ..store.results import Unreadable, scan, shard_of, supersedes
 from ..store.results import work_key as _work_key
 from ..store.scores import scores_path
 from .plan import plan_work
+from .summary import Final, file_evidence, judge
 
 __all__ = ["EXIT_COMPLETE", "EXIT_FAILED", "EXIT_UNFINISHED", "Conflict", "FileTally",
            "ForeignShard", "MergeReport", "Newer", "Torn", "check", "merge"]
@@ -89,8 +91,6 @@ EXIT_COMPLETE = 0
 EXIT_FAILED = 1
 #: ``EX_TEMPFAIL``: shards or units missing or unfinished: a rerun may finish them.
 EXIT_UNFINISHED = 75
-#: HTTP statuses that refuse the request as sent: a rerun sends it again, unchanged.
-FINAL_STATUSES = frozenset(range(400, 500)) - {408, 409, 429}
 #: States ranked for a conflict: the first is kept.
 _RANK = ("completed", "empty", "truncated", "timed_out", "error", "cancelled")
 #: Older than any record's ``finished_at``: a record without one (an older fanout).
@@ -538,21 +538,21 @@ def _check(merged: dict[str, Slot], results: list[Input], report: MergeReport,
     not_done = [(key, slot) for key, slot in checked if slot.state not in done_states]
     report.done = len(checked) - len(not_done)
     report.not_done = dict(Counter(slot.state for _, slot in not_done))
-    # A model whose every unit (2 or more) is not done, all the same way: a rerun sends
-    # the same requests to the same model.
-    by_model: dict[str, list[Slot]] = {}
-    for _, slot in checked:
-        by_model.setdefault(slot.model, []).append(slot)
-    for model, slots in by_model.items():
-        ways = {(s.state, s.status) for s in slots}
-        if len(slots) >= 2 and len(ways) == 1 and slots[0].state not in done_states:
-            state, status = next(iter(ways))
-            report.hopeless_models[model] = state + (f" (HTTP {status})" if status else "")
-    for key, slot in not_done:
-        if slot.status in FINAL_STATUSES or slot.model in report.hopeless_models:
-            report.failed_keys.append(key)
-        else:
-            report.unfinished_keys.append(key)
+    # Which of them failed for good: the same judgement as fanout batch's at the end of
+    # a run (``summary.judge``), over the whole merge's evidence.
+    failed = {key: Final(slot.model, slot.state, slot.status, None) for key, slot in not_done}
+    units = Counter(slot.model for _, slot in checked)
+    slots = dict(not_done)
+    verdict = judge(failed, units, samples=lambda key: _samples(results, slots[key], key))
+    for model, keys in verdict.same_way.items():
+        state, status = slots[keys[0]].state, slots[keys[0]].status
+        report.hopeless_models[model] = state + (f" (HTTP {status})" if status else "")
+    for model, keys in verdict.refused.items():  # every unit refused, the same way
+        if units[model] == len(keys) >= 2 and len({slots[k].status for k in keys}) == 1:
+            report.hopeless_models[model] = f"error (HTTP {slots[keys[0]].status})"
+    permanent = verdict.permanent
+    for key, _ in not_done:
+        (report.failed_keys if key in permanent else report.unfinished_keys).append(key)
     _tally_files(checked, results, report, plan, done_states)
     # The shards.
     if report.plan is None or report.shards is None:
@@ -600,6 +600,17 @@ def _tally_files(checked: list[tuple[str, Slot]], results: list[Input], report: 
                     and source.last_shard[1] == report.shards:
                 tally.planned = per_shard[source.last_shard[0]]
     report.files = tallies
+
+
+def _samples(results: list[Input], slot: Slot, key: str) -> int:
+    """How many records of ``key`` in the file its kept ``slot`` is from ended that way
+    (``summary.file_evidence``): a unit that is all its model's evidence."""
+    try:
+        seen = file_evidence(results[slot.file].path).get(key)
+    except OSError:
+        return 1
+    return seen.samples if seen is not None and (seen.state, seen.status) == (
+        slot.state, slot.status) else 1
 
 
 # ------------------------------------------------------------------------ writing

@@ -1,28 +1,42 @@
 """How a batch ended: its summary, each unfinished unit's failure, and the exit code.
 
 A unit that is not done is a ``Failure``, **permanent** when running again
-cannot change it: the server refused the request as sent (HTTP 4xx but 408,
-409 and 429), or its model failed every one of its units this run the same
-way of its own (the same state and HTTP status, at least 2 of them: a model that
-always truncates, always answers empty, always times out).  Anything else is
-**temporary**: a connection refused, a 5xx or 429 after every retry, a timeout
-(some of a model's units, not all), a stream still cut after every redo, a unit
-never sent (a write error stopped the run), a unit not recorded (the disk was
-full).
+cannot change it; ``judge`` decides, for ``fanout batch`` and ``fanout merge``
+alike, from the unit's failure class and the evidence of its model, never
+from how many units one run happened to hold:
+
+- the server refused the request as sent (HTTP 4xx but 408, 409 and 429):
+  the same request gets the same answer;
+- its model failed every one of its units the same way of its own (the same
+  state and HTTP status: truncated, empty, timed out, or an error the server
+  sent with a success status), on at least 2 samples: 2 units, or one unit
+  that ended that way in 2 runs (the results file's earlier records count:
+  a shard holding a single unit of a model that always truncates says so on
+  its second run, not never).  The evidence is every unit of the model the
+  caller can see: a shard's file (this run's records and earlier ones), or
+  all the shards of a merge.
+
+Anything else is **temporary**: a connection refused, a 5xx or 429 after
+every retry, a timeout (some of a model's units, not all), a stream still
+cut after every redo, a unit never sent (a write error stopped the run), a
+unit not recorded (the disk was full), a single truncation seen once.
 """
 
 from __future__ import annotations
 
+import os
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from typing import final
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, final
 
 import attrs
 
 from ..net.stream import NO_SUCH_ROUTE
+from ..store.results import RecordReader, attempt_of, supersedes, work_key
 from .options import FINAL_STATUSES, ExitCode
 
-__all__ = ["BatchSummary", "Failure", "exit_code", "explain"]
+__all__ = ["BatchSummary", "Evidence", "Failure", "Judgement", "exit_code", "explain",
+           "file_evidence", "judge"]
 
 
 @final
@@ -182,36 +196,75 @@ class Final:
     reason: str | None
 
 
-def not_completed(finals: Mapping[str, Final], total: int, ran: Mapping[str, int], *,
-                  accept_empty: bool) -> tuple[list[str], list[Failure]]:
+@attrs.frozen
+class Judgement:
+    """Which units that are not done failed for good (``judge``), and why: ``refused``
+    (model -> its units the server refused as sent), ``same_way`` (model -> its units,
+    not refused, that all failed one way of the model's own), ``permanent`` (both)."""
+
+    refused: dict[str, list[str]]
+    same_way: dict[str, list[str]]
+
+    @property
+    def permanent(self) -> set[str]:
+        return {key for keys in (*self.refused.values(), *self.same_way.values())
+                for key in keys}
+
+
+def judge(failed: Mapping[str, Final], units: Mapping[str, int], *,
+          samples: Callable[[str], int] | None = None) -> Judgement:
+    """Which of the units not done (``failed``: key -> how it ended) a rerun will not
+    fix, for ``fanout batch`` and ``fanout merge`` alike (see the module docstring).
+
+    ``units``: how many units of each model the evidence holds, done or not (a
+    shard's, a merge's).  ``samples(key)``: how many times that unit ended that very
+    way (its records of the same request, the same state and status, a cut and redone
+    aside), asked only for a model whose one unit is all the evidence; default 1.
+    """
+    by_model: dict[str, list[tuple[str, Final]]] = {}
+    for key, ended in failed.items():
+        by_model.setdefault(ended.model, []).append((key, ended))
+    refused: dict[str, list[str]] = {}
+    same_way: dict[str, list[str]] = {}
+    for model, pairs in by_model.items():
+        gone = [k for k, f in pairs if f.status in FINAL_STATUSES]
+        if gone:
+            refused[model] = gone
+        others = [(k, f) for k, f in pairs if f.status not in FINAL_STATUSES]
+        count = units.get(model, 0) - len(gone)
+        if others and _all_the_same([f for _, f in others], count) and (
+                count >= 2 or (samples is not None and sum(samples(k) for k, _ in others) >= 2)):
+            same_way[model] = [k for k, _ in others]
+    return Judgement(refused, same_way)
+
+
+def not_completed(finals: Mapping[str, Final], total: int, units: Mapping[str, int], *,
+                  accept_empty: bool, samples: Callable[[str], int] | None = None
+                  ) -> tuple[list[str], list[Failure]]:
     """What the end of a run says about the units that are not done (key -> how each
-    ended; ``ran``: how many units of each model ended in this run): its lines, and
-    each unit as a ``Failure``, permanent or not.
+    ended; ``units``: how many units of each model the shard holds, done or not): its
+    lines, and each unit as a ``Failure``, permanent or not (``judge``, which
+    ``samples`` goes to).
 
     Running the same command again is advised only for what it can fix.  It
     cannot fix a request the server refuses as sent (HTTP 4xx but 408, 409 and
-    429), nor a model that failed every one of its units this run the same way
-    of its own (the same state and HTTP status, at least 2 of them, truncated,
-    empty, timed out or an error in a 200 response; the requests it refused aside): the
-    next run would send the same requests to the same model.  Anything else (a
-    stream cut, timed out, a 5xx, a 429 after every retry, a connection refused,
-    a failure some units of the model did not meet) may go the other way next
-    time.
+    429), nor a model that failed every one of its units the same way of its own
+    (the same state and HTTP status, on at least 2 samples, truncated, empty, timed
+    out or an error in a 200 response; the requests it refused aside): the next run
+    would send the same requests to the same model.  Anything else (a stream cut,
+    timed out, a 5xx, a 429 after every retry, a connection refused, a failure some
+    units of the model did not meet) may go the other way next time.
     """
     lines = [f"{len(finals)} of {total} streams are not completed"]
-    by_model: dict[str, list[tuple[str, Final]]] = {}
-    for key, ended in finals.items():
-        by_model.setdefault(ended.model, []).append((key, ended))
-    permanent: set[str] = set()
-    for model, pairs in by_model.items():
-        failed = [f for _, f in pairs]
-        refused = [(k, f) for k, f in pairs if f.status in FINAL_STATUSES]
-        if _all_the_same(failed, ran.get(model, 0)):
-            permanent.update(k for k, _ in pairs)
-            lines.append(_same_way(model, failed, "", accept_empty=accept_empty))
+    verdict = judge(finals, units, samples=samples)
+    models = list(dict.fromkeys(ended.model for ended in finals.values()))
+    for model in models:
+        refused = [(k, finals[k]) for k in verdict.refused.get(model, ())]
+        same = [finals[k] for k in verdict.same_way.get(model, ())]
+        if same and not refused:
+            lines.append(_same_way(model, same, "", accept_empty=accept_empty))
             continue
         if refused:
-            permanent.update(k for k, _ in refused)
             statuses = sorted({f.status for _, f in refused if f.status is not None})
             reason = refused[0][1].reason
             why = f"HTTP {', '.join(map(str, statuses))}"
@@ -223,12 +276,9 @@ def not_completed(finals: Mapping[str, Final], total: int, ran: Mapping[str, int
             lines.append(f"{model}: {len(refused)} request{'s' if len(refused) != 1 else ''} "
                          f"refused as sent ({why}): running again sends "
                          f"{'them' if len(refused) != 1 else 'it'} unchanged; fix {fix}")
-            others = [(k, f) for k, f in pairs if f.status not in FINAL_STATUSES]
-            if others and _all_the_same([f for _, f in others],
-                                        ran.get(model, 0) - len(refused)):
-                permanent.update(k for k, _ in others)
-                lines.append(_same_way(model, [f for _, f in others], "other ",
-                                       accept_empty=accept_empty))
+            if same:
+                lines.append(_same_way(model, same, "other ", accept_empty=accept_empty))
+    permanent = verdict.permanent
     rest = len(finals) - len(permanent)
     if rest and not permanent:
         lines[0] += "; run the same command again to redo them"
@@ -239,18 +289,56 @@ def not_completed(finals: Mapping[str, Final], total: int, ran: Mapping[str, int
     return lines, failures
 
 
+@attrs.frozen
+class Evidence:
+    """What a results file says of one unit: its reported record's state, HTTP status,
+    reason and content key, and ``samples``: how many of its records (of that content
+    key, none cut and redone) ended that very way (state and status)."""
+
+    state: str
+    status: int | None
+    reason: str | None
+    content_key: object
+    samples: int = 1
+
+
+def file_evidence(path: str | os.PathLike[str]) -> dict[str, Evidence]:
+    """key -> ``Evidence`` of every unit the results file at ``path`` holds (``OSError``
+    if it cannot be read)."""
+    reported: dict[str, tuple[Any, Evidence]] = {}
+    ways: Counter[tuple[str, object, str, int | None]] = Counter()
+    with open(path, "rb") as file:
+        for record in RecordReader(file):
+            key = work_key(record["id"], record["model"], record["sample"])
+            attempt = attempt_of(record)
+            status = record.get("status")
+            status = status if isinstance(status, int) and not isinstance(status, bool) \
+                else None
+            if record.get("cut") is not True:
+                ways[(key, attempt.content_key, attempt.state, status)] += 1
+            kept = reported.get(key)
+            if kept is None or supersedes(kept[0], attempt):
+                reason = record.get("reason")
+                reported[key] = (attempt, Evidence(
+                    attempt.state, status, reason if isinstance(reason, str) else None,
+                    attempt.content_key))
+    return {key: attrs.evolve(seen, samples=max(1, ways[(key, seen.content_key, seen.state,
+                                                         seen.status)]))
+            for key, (_, seen) in reported.items()}
+
+
 def cut_line(text: str, limit: int) -> str:
     """``text`` on one line (runs of whitespace become one space), at most ``limit`` long."""
     text = " ".join(text.split())
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
-def _all_the_same(failed: Sequence[Final], ran: int) -> bool:
-    """Every one of the model's units that ended this run (at least 2) is in ``failed``,
-    and all ended the same way, a way that is the model's own: truncated, empty, timed
-    out, or an error the server sent with a success status.  A way that is the server's
-    or the network's (a 5xx, a 408, 409 or 429, no response at all) may pass."""
-    return len(failed) == ran >= 2 and len({(f.state, f.status) for f in failed}) == 1 \
+def _all_the_same(failed: Sequence[Final], units: int) -> bool:
+    """Every one of the model's ``units`` is in ``failed``, and all ended the same way,
+    a way that is the model's own: truncated, empty, timed out, or an error the server
+    sent with a success status.  A way that is the server's or the network's (a 5xx, a
+    408, 409 or 429, no response at all) may pass."""
+    return len(failed) == units >= 1 and len({(f.state, f.status) for f in failed}) == 1 \
         and _its_own(failed[0])
 
 
@@ -265,9 +353,11 @@ def _same_way(name: str, failed: Sequence[Final], other: str, *, accept_empty: b
     why = f" ({cut_line(example.reason, 160)})" if example.reason else ""
     hint = ("; --accept-empty counts empty answers as done"
             if example.state == "empty" and not accept_empty else "")
-    return (f"{name}: all {len(failed)} of its {other}streams this run "
-            f"{_ended(example.state)}{why}: running the same command again will not help"
-            f"{hint}")
+    if len(failed) > 1:
+        what = f"all {len(failed)} of its {other}streams {_ended(example.state)}"
+    else:  # one unit, that ended this way in more than one run
+        what = f"its one {other}unit ended {example.state} in every run"
+    return (f"{name}: {what}{why}: running the same command again will not help{hint}")
 
 
 def _ended(state: str) -> str:

@@ -166,6 +166,10 @@ def _parser() -> argparse.ArgumentParser:
     batch.add_argument("--accept-empty", action="store_true",
                        help="count a completed stream with an empty answer as done (by "
                             "default it is counted apart as empty, and redone on resume)")
+    batch.add_argument("--retry-failed", action="store_true",
+                       help="send again the units whose last record is the same request "
+                            "refused as sent (HTTP 4xx but 408/409/429); by default a resume "
+                            "skips them, and they stay failed (exit 1)")
     batch.add_argument("--config", metavar="FILE", help="config file (as for compare)")
 
     batch.add_argument("--score", dest="scorers", action="append", default=[], metavar="NAME",
@@ -251,10 +255,15 @@ def _parser() -> argparse.ArgumentParser:
         description="Serve POST /v1/fanout (one request, many models, one merged stream), "
                     "POST /v1/chat/completions (one model, passed through), GET /v1/models, "
                     "/v1/status, /healthz and the comparison page at /. Prints the base URL; "
-                    "serves until Ctrl-C or SIGTERM (running fan-outs are cancelled, each "
-                    "stream ends with its result), then exits 0. Binding anything but "
+                    "serves until Ctrl-C or SIGTERM (SIGTERM refuses new fan-outs and lets the "
+                    "running ones finish within --grace; Ctrl-C cancels them, each stream "
+                    "ends with its result), then exits 0. Binding anything but "
                     "loopback needs service keys ([serve] keys_env).")
     serve.add_argument("--config", metavar="FILE", help="config file (as for compare)")
+    serve.add_argument("--grace", type=float, metavar="SECONDS",
+                       help="on SIGTERM, how long running fan-outs may finish before they "
+                            "are cancelled; new ones get 503 meanwhile (default: [serve] "
+                            "grace, else 20; 0: cancel at once)")
     serve.add_argument("--host", help="address to bind (default: [serve] host, else 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default: [serve] port, else 8080; 0: "
                        "any free one)")
@@ -380,7 +389,8 @@ def _compare(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from .serve import ServeOptions, run_serve
 
-    return run_serve(ServeOptions(config=args.config, host=args.host, port=args.port))
+    return run_serve(ServeOptions(config=args.config, host=args.host, port=args.port,
+                                  grace=args.grace))
 
 
 def _batch(args: argparse.Namespace) -> int:
@@ -400,7 +410,7 @@ def _batch(args: argparse.Namespace) -> int:
         per_model_concurrency=args.per_model_concurrency, shard=shard,
         shard_concurrency=args.shard_concurrency, run_id=args.run_id, config=args.config,
         accept_empty=args.accept_empty, scorers=tuple(args.scorers), scores=args.scores,
-        budget=args.budget))
+        budget=args.budget, retry_failed=args.retry_failed))
 
 
 def _score(args: argparse.Namespace) -> int:

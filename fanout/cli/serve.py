@@ -2,20 +2,24 @@
 
 Prints the base URL on stdout (one line, so a script can read the port when
 ``--port 0`` was asked), a note on stderr, and serves until Ctrl-C or
-SIGTERM: then new requests get 503, running fan-outs are cancelled (each
-stream still ends with its result, each response with its summary), and the
-command exits 0.  A second Ctrl-C exits at once (130).  Exit status 2 for bad
-usage or config, 1 when the address cannot be bound.
+SIGTERM.  SIGTERM (what a process manager sends) drains: new fan-outs get 503
+(with ``Retry-After``; ``/healthz`` answers 503 too), the running ones get
+``--grace`` seconds (``[serve] grace``, default 20) to finish, then those left
+are cancelled.  Ctrl-C, or a second signal while draining, cancels them at
+once (each stream still ends with its result, each response with its summary).
+The command then exits 0.  A Ctrl-C after that exits at once (130).  Exit
+status 2 for bad usage or config, 1 when the address cannot be bound.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import sys
 from collections.abc import Mapping
 from functools import partial
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 import attrs
 import trio
@@ -25,6 +29,9 @@ from ..config import load_config
 from .common import environment_note, open_endpoint
 from .common import only as _only
 from .render import inert
+
+if TYPE_CHECKING:
+    from ..serve import Service
 
 __all__ = ["ServeOptions", "run_serve"]
 
@@ -36,6 +43,7 @@ class ServeOptions:
     config: str | None = None
     host: str | None = None
     port: int | None = None
+    grace: float | None = None  # over [serve] grace
 
 
 def run_serve(options: ServeOptions, *, stdout: TextIO | None = None,
@@ -59,6 +67,13 @@ def run_serve(options: ServeOptions, *, stdout: TextIO | None = None,
     except ConfigError as exc:
         print(f"fanout serve: {exc}", file=err)
         return 2
+    if options.grace is not None:
+        if not (math.isfinite(options.grace) and options.grace >= 0):
+            print(f"fanout serve: --grace: {options.grace} is not a number of seconds >= 0",
+                  file=err)
+            return 2
+        config = attrs.evolve(config, serve=attrs.evolve(config.serve, grace=options.grace))
+    grace = config.serve.grace
     host = options.host or config.serve.host
     port = config.serve.port if options.port is None else options.port
     if not 0 <= port <= 65535:
@@ -76,14 +91,38 @@ def run_serve(options: ServeOptions, *, stdout: TextIO | None = None,
     log.setLevel(logging.WARNING)
     log.propagate = False
 
-    async def stop_on_signal(service_shutdown: partial[int]) -> None:
+    def cancelled(running: int) -> None:
+        print(f"fanout serve: stopping: {running} running fan-out"
+              f"{'' if running == 1 else 's'} cancelled (each stream ends with its "
+              "result)", file=err, flush=True)
+
+    async def stop_on_signal(service: Service) -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-            async for _ in signals:
-                running = service_shutdown()
-                print(f"fanout serve: stopping: {running} running fan-out"
-                      f"{'' if running == 1 else 's'} cancelled (each stream ends with its "
-                      "result)", file=err, flush=True)
+            first = await signals.__anext__()
+            if first == signal.SIGINT or not grace or not service.fanouts:
+                cancelled(service.shutdown())
                 return
+            running = len(service.fanouts)
+            print(f"fanout serve: stopping: new fan-outs refused (503); {running} running "
+                  f"fan-out{'' if running == 1 else 's'} may finish within {grace:g} s (a "
+                  "second Ctrl-C or SIGTERM cancels them)", file=err, flush=True)
+
+            async def again() -> None:
+                async for _ in signals:
+                    cancelled(service.shutdown())
+                    return
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(again)
+                left = await service.drain(grace)
+                nursery.cancel_scope.cancel()
+            if left:
+                print(f"fanout serve: stopping: the grace ran out; {left} running fan-out"
+                      f"{'' if left == 1 else 's'} cancelled (each stream ends with its "
+                      "result)", file=err, flush=True)
+            elif not service.fanouts:
+                print("fanout serve: stopping: every running fan-out finished", file=err,
+                      flush=True)
 
     async def main() -> None:
         async with open_endpoint(endpoint) as resolved, \
@@ -93,7 +132,7 @@ def run_serve(options: ServeOptions, *, stdout: TextIO | None = None,
                 service.bound(port)  # named before a health check can arrive
             url: str = await nursery.start(partial(
                 serve_app, service, host, port,
-                shutdown_trigger=partial(stop_on_signal, partial(service.shutdown))))
+                shutdown_trigger=partial(stop_on_signal, service)))
             service.bound(int(url.rsplit(":", 1)[1]))  # --port 0: the port just bound
             print(f"{url}/", file=out, flush=True)
             upstream = "the embedded upstream" if config.embedded else resolved.base_url

@@ -126,6 +126,8 @@ class Service:
         self.fanouts_total = 0
         self.streams_total = 0
         self.closing = False
+        self._cancelled = False  # shutdown: the running fan-outs were cancelled
+        self._changed = trio.Event()  # a fan-out ended, or shutdown
         self._started = time.monotonic()
 
     def bound(self, port: int) -> None:
@@ -139,7 +141,8 @@ class Service:
         with ``Retry-After``; 503 while shutting down)."""
         if self.closing:
             raise ApiError(503, "the service is shutting down", type="service_unavailable",
-                           code="shutting_down")
+                           code="shutting_down",
+                           headers={"Retry-After": str(self.limits.retry_after)})
         limit = self.limits.max_fanouts
         if len(self.fanouts) >= limit:
             self.rejected["busy"] += 1
@@ -157,6 +160,7 @@ class Service:
     def release(self, running: RunningFanout) -> None:
         """The fan-out has ended: its slot is free (idempotent)."""
         self.fanouts.pop(running.id, None)
+        self._changed.set()
 
     def fanout_options(self, models: Iterable[ModelConfig]) -> FanoutOptions:
         """``open_fanout``'s options for these models: the config's caps and deadlines."""
@@ -172,9 +176,25 @@ class Service:
         response with its ``summary`` and ``[DONE]``.
         """
         self.closing = True
+        self._cancelled = True
+        self._changed.set()
         for running in list(self.fanouts.values()):
             running.cancel(reason)
         return len(self.fanouts)
+
+    async def drain(self, grace: float) -> int:
+        """Refuse new fan-outs (503, with ``Retry-After``; ``/healthz`` answers 503: a load
+        balancer moves on) and let the running ones finish for up to ``grace`` seconds;
+        then cancel those left (``shutdown``).  How many were cancelled by it (0 when all
+        finished, or when ``shutdown`` was called meanwhile: they are cancelled)."""
+        self.closing = True
+        with trio.move_on_after(grace):
+            while self.fanouts and not self._cancelled:
+                self._changed = trio.Event()
+                await self._changed.wait()
+        if self.fanouts and not self._cancelled:
+            return self.shutdown()
+        return 0
 
     def status(self) -> dict[str, Any]:
         """``GET /v1/status``: which replica answers, what runs on it now, its totals since

@@ -72,7 +72,7 @@ def test_1_a_request_the_server_refuses_as_sent(tmp_path: Path) -> None:
 def test_1_a_model_that_always_truncates(tmp_path: Path) -> None:
     status, err = _batch(tmp_path, "truncating")
     assert status == ExitCode.FAILED, err
-    assert "all 3 of its streams this run were truncated" in err
+    assert "all 3 of its streams were truncated" in err
     assert err.splitlines()[-1].startswith("fanout batch: exit 1: 3 units failed")
 
 
@@ -83,7 +83,7 @@ def test_1_a_model_whose_every_answer_leaves_a_choice_unfinished(tmp_path: Path)
         'id = "fault/unfinished-choice"\n', 'id = "fault/unfinished-choice"\nparams = { n = 2 }\n'))
     status, err = _batch(tmp_path, "unfinished", config=str(config))
     assert status == ExitCode.FAILED == 1, err
-    assert "all 3 of its streams this run were truncated (choice 1 unfinished" in err
+    assert "all 3 of its streams were truncated (choice 1 unfinished" in err
     assert err.splitlines()[-1].startswith("fanout batch: exit 1: 3 units failed")
     records = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert [(r["outcome"], r["flags"]) for r in records] == [

@@ -163,11 +163,11 @@ def test_every_unit_of_work_once_with_its_outcome(tmp_path: Path, config: str) -
     assert "72 streams: 6 prompts x 6 models x 2 samples; 0 already completed, 72 to run" in err
     lines = err.splitlines()
     assert "fanout batch: 24 of 72 streams are not completed" in lines  # no advice to rerun
-    assert ("fanout batch: flaky: all 12 of its streams this run were truncated (the connection "
+    assert ("fanout batch: flaky: all 12 of its streams were truncated (the connection "
             "broke after 3 events without [DONE]: the server closed the connection mid-response "
             "(RemoteProtocolError: peer closed connection without sending …): running the same "
             "command again will not help") in lines
-    assert ("fanout batch: stalled: all 12 of its streams this run timed out (no event within "
+    assert ("fanout batch: stalled: all 12 of its streams timed out (no event within "
             "0.5 s): running the same command again will not help") in lines
     assert not any("run the same command again" in line for line in lines)
     if redone:
@@ -463,7 +463,7 @@ def test_an_empty_answer_is_not_done_unless_accepted(tmp_path: Path, config: str
     run = next(line for line in err.splitlines() if line.startswith("fanout batch: this run: "))
     assert run.endswith(("3 completed, 3 empty", "3 empty, 3 completed")) \
         or ", 3 empty" in run or ": 3 empty" in run
-    assert ("fanout batch: empty: all 3 of its streams this run came back empty: running the "
+    assert ("fanout batch: empty: all 3 of its streams came back empty: running the "
             "same command again will not help; --accept-empty counts empty answers as done"
             ) in err.splitlines()
     header, *table = out.splitlines()

@@ -390,7 +390,7 @@ def test_running_again_is_advised_only_when_it_can_help() -> None:
     # b's every stream truncated: that is the model's own, a rerun will not help.
     finals = {"1": final("b", "truncated", 200, "cut"), "2": final("b", "truncated", 200, "cut")}
     lines, failures = _not_completed(finals, 2, Counter({"b": 2}), accept_empty=False)
-    assert lines[1].startswith("b: all 2 of its streams this run were truncated (cut)")
+    assert lines[1].startswith("b: all 2 of its streams were truncated (cut)")
     assert all(f.permanent for f in failures)
     # One stream is no pattern; 408, 409 and 429 are worth another try.
     for status in (408, 409, 429):
@@ -401,7 +401,7 @@ def test_running_again_is_advised_only_when_it_can_help() -> None:
     lines = not_completed({"1": final("e", "empty", 200, None), "2": final("e", "empty", 200,
                                                                         None)},
                           2, Counter({"e": 2}), accept_empty=False)
-    assert lines[1] == ("e: all 2 of its streams this run came back empty: running the same "
+    assert lines[1] == ("e: all 2 of its streams came back empty: running the same "
                         "command again will not help; --accept-empty counts empty answers as "
                         "done")
 
@@ -701,7 +701,7 @@ def test_a_model_that_fails_the_same_way_beside_refused_requests_gets_no_advice(
         "7 of 12 streams are not completed",
         "flaky: 1 request refused as sent (HTTP 400: 'temperature' must be a number): running "
         "again sends it unchanged; fix the prompt, the params or the model",
-        "flaky: all 5 of its other streams this run were truncated (broke after 3 events): "
+        "flaky: all 5 of its other streams were truncated (broke after 3 events): "
         "running the same command again will not help",
         "run the same command again to redo the other 1"]
     # Some of its other streams completed: the truncations may go the other way.

@@ -22,9 +22,12 @@ FANOUT = [sys.executable, "-m", "fanout.cli.main"]
 
 @pytest.fixture
 def serving() -> Iterator[tuple[subprocess.Popen[str], str]]:
+    # --grace 0: SIGTERM cancels the running fan-outs at once, as Ctrl-C does (the drain:
+    # tests/serve/test_drain.py).
     process = subprocess.Popen([*FANOUT, "serve", "--config", str(ROOT / "config/default.toml"),
-                                "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, cwd=ROOT, preexec_fn=sigint_default)
+                                "--port", "0", "--grace", "0"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                               preexec_fn=sigint_default)
     try:
         assert process.stdout is not None
         url = process.stdout.readline().strip()

@@ -32,7 +32,8 @@ def test_defaults_and_values() -> None:
     ("[serve]\nkyes_env = 'X'", "f.toml: [serve]: unknown key 'kyes_env' (did you mean "
      "'keys_env'?) (known: keys_env, host, port, cors_origins, max_body_bytes, max_streams, "
      "max_fanouts, retry_after, keepalive, replica, head_timeout, body_timeout, body_min_rate, "
-     "max_reading_connections)"),
+     "max_reading_connections, grace)"),
+    ("[serve]\ngrace = -1", "f.toml: [serve] grace: must be a number of seconds >= 0, not -1"),
     ("[serve]\nreplica = 'eu 1'", "f.toml: [serve] replica: must be 1 to 63 letters, digits, _ "
      "or -, not 'eu 1' (it goes in fan-out ids and URLs)"),
     ("[serve]\nreplica = 'a.b'", "f.toml: [serve] replica: must be 1 to 63 letters, digits, _ "

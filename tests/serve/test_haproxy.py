@@ -113,15 +113,24 @@ def haproxy_config(ports: dict[str, int], socket: Path) -> str:
 
 
 @pytest.fixture
-def balanced(tmp_path: Path) -> Iterator[Path]:
+def balanced(replicas: tuple[Path, dict[str, subprocess.Popen[str]]]) -> Path:
     """Two replicas behind haproxy run with the example config; haproxy's socket."""
+    return replicas[0]
+
+
+@pytest.fixture
+def replicas(tmp_path: Path) -> Iterator[tuple[Path, dict[str, subprocess.Popen[str]]]]:
+    """Two replicas behind haproxy run with the example config: haproxy's socket, and
+    each replica's process by name."""
     binary = haproxy()
     processes: list[subprocess.Popen[str]] = []
+    named: dict[str, subprocess.Popen[str]] = {}
     try:
         ports: dict[str, int] = {}
         for name in REPLICAS:
             process, ports[name] = start_replica(tmp_path, name)
             processes.append(process)
+            named[name] = process
         socket = tmp_path / "haproxy.sock"
         config = tmp_path / "haproxy.cfg"
         config.write_text(haproxy_config(ports, socket))
@@ -136,7 +145,7 @@ def balanced(tmp_path: Path) -> Iterator[Path]:
             assert processes[-1].poll() is None, (tmp_path / "haproxy.log").read_text()
             assert time.monotonic() < deadline, "haproxy did not open its socket"
             time.sleep(0.05)
-        yield socket
+        yield socket, named
     finally:
         for process in processes:
             if process.poll() is None:
@@ -192,3 +201,28 @@ async def test_a_cancel_through_haproxy_reaches_the_replica_running_the_fanout(
     assert [(owner, replica) for owner, _, replica in cancels] == [
         (owner, owner) for owner, _, _ in cancels]
     assert {status for _, status, _ in cancels} <= {200, 404}  # 404: it had already ended
+
+
+async def test_after_a_replica_dies_every_request_is_sent_to_a_live_one(
+        replicas: tuple[Path, dict[str, subprocess.Popen[str]]]) -> None:
+    # SIGKILL: its port is closed at once, long before a health check sees it down.  A
+    # request haproxy sends there is refused before anything of it reached a replica:
+    # haproxy sends it to the other one (retries, option redispatch), never a 503.
+    socket, processes = replicas
+    transport = httpx.AsyncHTTPTransport(uds=str(socket))
+    key = KEYS.split(",")[0]
+    async with httpx.AsyncClient(transport=transport, base_url="http://fanout",
+                                 headers={"authorization": f"Bearer {key}"},
+                                 timeout=httpx.Timeout(30)) as client:
+        with trio.fail_after(60):
+            statuses = [(await client.get("/v1/status")).json() for _ in range(4)]
+            assert {s["replica"] for s in statuses} == set(REPLICAS)  # both are up
+            dead = processes["fanout-1"]
+            dead.kill()
+            dead.wait()
+            answers = []
+            for _ in range(12):
+                body = {"messages": [{"role": "user", "content": "go"}], "models": ["fast"]}
+                answer = await client.post("/v1/fanout", json=body)
+                answers.append((answer.status_code, answer.headers.get("x-fanout-replica")))
+    assert answers == [(200, "fanout-2")] * 12
