@@ -76,7 +76,7 @@ def run_merge(args: argparse.Namespace, *, stdout: TextIO | None = None,
               stderr: TextIO | None = None) -> int:
     """Run ``fanout merge``; returns its exit status."""
     from ..batch.shards import check, merge
-    from .report import printable
+    from .render import printable
 
     out, err = stdout or sys.stdout, stderr or sys.stderr
     try:
