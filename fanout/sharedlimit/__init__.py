@@ -19,9 +19,9 @@ from .base import DEFAULT_LEASE as DEFAULT_LEASE
 from .base import LocalLimits as LocalLimits
 from .base import SharedLimits as SharedLimits
 from .base import SharedLimitUnavailable as SharedLimitUnavailable
-from .base import open_shared_limits as open_shared_limits
 from .base import shown_spec as shown_spec
 from .base import spec_problem as spec_problem
+from .opener import open_shared_limits as open_shared_limits
 from .slots import SharedSlots as SharedSlots
 from .table import LimitState as LimitState
 from .table import LimitTable as LimitTable

@@ -12,7 +12,7 @@ import trio
 from .table import COOLDOWN, MINIMUM, LimitState, LimitTable
 
 __all__ = ["DEFAULT_LEASE", "LocalLimits", "SharedLimitUnavailable", "SharedLimits",
-           "open_shared_limits", "shown_spec", "spec_problem"]
+           "shown_spec", "spec_problem"]
 
 #: Seconds a slot's lease lasts unless renewed (a holder renews every third of it).
 DEFAULT_LEASE = 30.0
@@ -120,7 +120,7 @@ class LocalLimits(SharedLimits):
         return self.table.state(space, name, trio.current_time())
 
 
-def _split(spec: str) -> tuple[urllib.parse.SplitResult, dict[str, list[str]]]:
+def split_spec(spec: str) -> tuple[urllib.parse.SplitResult, dict[str, list[str]]]:
     parts = urllib.parse.urlsplit(spec)
     return parts, urllib.parse.parse_qs(parts.query, keep_blank_values=True)
 
@@ -132,7 +132,7 @@ def spec_problem(spec: str) -> str | None:
     if spec == "off":
         return None
     try:
-        parts, query = _split(spec)
+        parts, query = split_spec(spec)
     except ValueError as exc:
         return f"not a URL ({exc})"
     if parts.scheme not in (*REDIS_SCHEMES, RAY_SCHEME):
@@ -160,23 +160,3 @@ def shown_spec(spec: str) -> str:
         return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))
     except ValueError:
         return "the shared limit"
-
-
-def open_shared_limits(spec: str) -> SharedLimits:
-    """The shared limit ``spec`` names (see ``spec_problem``; ``ValueError`` if it names
-    none, ``ImportError`` when its client library is not installed).  Nothing is
-    connected yet: ``check()`` does."""
-    problem = spec_problem(spec)
-    if problem is not None or spec == "off":
-        raise ValueError(f"{shown_spec(spec)}: {problem or 'names no shared limit'}")
-    parts, query = _split(spec)
-    lease = float(query.pop("lease", [str(DEFAULT_LEASE)])[-1])
-    if parts.scheme == RAY_SCHEME:
-        from .ray import RayLimits
-
-        return RayLimits(name=(parts.netloc + parts.path).strip("/") or None, lease=lease)
-    from .redis import RedisLimits
-
-    rest = urllib.parse.urlencode(query, doseq=True)
-    return RedisLimits(urllib.parse.urlunsplit(parts._replace(query=rest)), lease=lease,
-                       shown=shown_spec(spec))

@@ -177,7 +177,7 @@ class RedisLimits(SharedLimits):
         try:
             self.client.ping()
         except redis.RedisError as exc:
-            raise SharedLimitUnavailable(f"{self.describe()}: {exc}") from None
+            raise SharedLimitUnavailable(f"{self.describe()}: {str(exc).rstrip('.')}") from None
 
     def key(self, space: str, name: str) -> str:
         """The hash of limit ``name``; its holders are this with ``:holders``."""
