@@ -234,7 +234,7 @@ def main() -> None:
     print(f"\n{args.prompts} units, fault/busy:{args.busy}, [concurrency] max = "
           f"{args.concurrency}, [[models]] concurrency = {args.model_concurrency}, "
           f"{args.rounds} rounds (ratios: against the one-process run of the same round, "
-          "median)\n")
+          "median; - where it drew none)\n")
     print("| run | 429s | x 1 process | wall | span | span x 1 process | units left |")
     print("|---|---|---|---|---|---|---|")
     single = rows["1 process"]
@@ -242,12 +242,12 @@ def main() -> None:
         limited = ", ".join(str(r["rate_limited"]) for r in results)
         wall = ", ".join(f"{r['wall']:.1f} s" for r in results)
         pairs = list(zip(results, single, strict=True))
-        ratio_429 = statistics.median(r["rate_limited"] / max(1, s["rate_limited"])
-                                      for r, s in pairs)
+        ratios = [r["rate_limited"] / s["rate_limited"] for r, s in pairs if s["rate_limited"]]
+        shown_429 = f"{statistics.median(ratios):.2f}" if ratios else "-"
         span = ", ".join(f"{r['span']:.1f} s" for r in results)
         ratio_span = statistics.median(r["span"] / s["span"] for r, s in pairs)
         left = ", ".join(str(r["left"]) for r in results)
-        print(f"| {name} | {limited} | {ratio_429:.2f} | {wall} | {span} | {ratio_span:.2f} "
+        print(f"| {name} | {limited} | {shown_429} | {wall} | {span} | {ratio_span:.2f} "
               f"| {left} |")
 
 
