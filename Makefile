@@ -13,7 +13,7 @@ STAMP   = $(VENV)/.installed-dev
 CORE    = build/mypyc/core
 PURE    = build/pure
 
-.PHONY: test demo docs lint typecheck bench clean browser haproxy core
+.PHONY: test demo docs lint typecheck bench clean browser haproxy redis core
 
 $(RUN): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -58,6 +58,14 @@ haproxy:
 	  $(SUDO) apt-get update -q && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends haproxy; }
 
+## make redis: Debian's redis-server for tests/test_shared_limit.py, which starts its own
+## on a free loopback port (the shards' shared limit); installed only when it is missing.
+REDIS_SERVER ?= /usr/bin/redis-server
+redis:
+	@test -x $(REDIS_SERVER) || { echo "installing redis-server (apt): tests/test_shared_limit.py runs the shards' shared limit on it"; \
+	  $(SUDO) apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends redis-server; }
+
 ## make docs: the documentation (docs/, mkdocs.yml) built into site/ with --strict: a broken
 ## link, anchor or API reference fails it.  It installs the docs extra only, not the dev tools.
 ## Offline: no fonts or anything else fetched, and site/index.html opened from disk searches
@@ -83,7 +91,7 @@ $(CORE): $(STAMP) build_core.py $(wildcard fanout/core/*.py)
 ## the pure-Python core: a copy of the tree without the compiled modules, first on
 ## PYTHONPATH, so the subprocesses the tests start (python -m fanout, .venv/bin/fanout)
 ## import it too.
-test: $(STAMP) browser haproxy docs $(CORE)
+test: $(STAMP) browser haproxy redis docs $(CORE)
 	$(PY) -m ruff check fanout tests bench examples build_core.py hatch_build.py
 	$(PY) -m mypy fanout
 	FANOUT_TEST_CORE=$$(cat $(CORE)) $(PY) -m pytest
@@ -107,7 +115,7 @@ demo: $(RUN)
 	$(VENV)/bin/fanout compare "$(DEMO_PROMPT)" --config config/default.toml
 
 ## make bench: the benchmarks of bench/, each printing its table.
-bench: $(STAMP)
+bench: $(STAMP) redis
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) bench/parse.py
 	$(PY) bench/upstream.py
@@ -116,6 +124,7 @@ bench: $(STAMP)
 	$(PY) bench/hostile.py
 	$(PY) bench/batch.py
 	$(PY) bench/serve.py
+	$(PY) bench/shards.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis site build

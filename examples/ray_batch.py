@@ -7,13 +7,19 @@
 
 Each task calls ``fanout.batch.run_sync`` on its shard (``BatchOptions.shard = (i, N)``),
 writing ``merged.shards/results-I.jsonl``: no subprocess, no ``fanout`` on the workers'
-PATH, only the package installed where they run.  The tasks share the endpoint: each takes
-its share of ``--concurrency`` (else the config's ``[concurrency] max``), unless
-``--shard-concurrency`` says how many; ``--score NAME`` scores every answer as it is written
-(each shard's scores file beside its results file, merged with them), and
+PATH, only the package installed where they run.  The tasks share the endpoint's limits
+through one Ray actor (``fanout.sharedlimit.ray.RayLimits``, named for this run, started
+here and ended with this driver): the endpoint's concurrency, each model's, and the 429
+back-off, whichever tasks Ray runs at the moment (the tasks that run take what is free).
+A slot's lease is renewed while its stream runs, so a killed worker's slots come back after
+``--lease`` seconds.  ``--shared-limit redis://...`` shares them through Redis instead, and
+``--shared-limit off`` gives each task its static share of ``--concurrency`` (else the
+config's ``[concurrency] max``; 1/N of every concurrency, which assumes all N run at once),
+unless ``--shard-concurrency`` says how many.  ``--score NAME`` scores every answer as it is
+written (each shard's scores file beside its results file, merged with them), and
 ``--per-model-concurrency``, ``--accept-empty``, ``--retry-failed`` and ``--run-id`` are
-``fanout batch``'s.  ``fanout.batch.merge`` then checks every shard and
-every planned unit, and writes one results file, as ``fanout merge`` would.
+``fanout batch``'s.  ``fanout.batch.merge`` then checks every shard and every planned unit,
+and writes one results file, as ``fanout merge`` would.
 
 Ray runs a task again when its worker dies (a killed process, a lost node: ``--retries``
 times) and when a shard ends with work a rerun may finish (exit 75: connection refused,
@@ -33,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import sys
 from pathlib import Path
 
@@ -43,6 +50,7 @@ import fanout
 import fanout.batch
 from fanout.batch import BatchOptions, BatchSummary, merge
 from fanout.config import find_config
+from fanout.sharedlimit.ray import RayLimits
 
 #: The exit code of work left that a rerun may finish (``EX_TEMPFAIL``).
 WORK_LEFT = 75
@@ -82,7 +90,8 @@ def shard_options(args: argparse.Namespace, index: int) -> BatchOptions:
                         per_model_concurrency=args.per_model_concurrency,
                         shard_concurrency=args.shard_concurrency, run_id=args.run_id,
                         config=args.config, accept_empty=args.accept_empty,
-                        scorers=tuple(args.scorers), retry_failed=args.retry_failed)
+                        scorers=tuple(args.scorers), retry_failed=args.retry_failed,
+                        shared_limit=args.shared)
 
 
 def describe(summary: BatchSummary) -> str:
@@ -97,6 +106,14 @@ def describe(summary: BatchSummary) -> str:
 def run(args: argparse.Namespace) -> int:
     """Run the shards as Ray tasks, wait for each, merge, print; the exit status."""
     Path(args.shard_dir).mkdir(parents=True, exist_ok=True)
+    if args.shared_limit == "ray":
+        # One actor for this run, owned by this driver (it ends with it); every task
+        # finds it by its name.
+        name = f"fanout-limits-{secrets.token_hex(4)}"
+        RayLimits.start(name, lease=args.lease)
+        args.shared = f"ray://{name}?lease={args.lease:g}"
+    else:
+        args.shared = args.shared_limit  # a Redis URL, or off: the static share
     task = run_shard.options(max_retries=args.retries)
     pending = {task.remote(shard_options(args, i)): i for i in range(args.shards)}
     codes: set[int] = set()  # the shards' exit statuses
@@ -176,6 +193,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--run-id", metavar="ID")
     parser.add_argument("--retries", type=int, default=3,
                         help="attempts after the first, per task (default 3)")
+    parser.add_argument("--shared-limit", default="ray", metavar="ray|URL|off",
+                        help="where the tasks share the endpoint's limits: ray (default: "
+                             "an actor of this run), a redis:// URL, or off (each task its "
+                             "static share)")
+    parser.add_argument("--lease", type=float, default=30.0, metavar="SECONDS",
+                        help="a shared slot's lease, renewed while its stream runs (a "
+                             "killed worker's slots come back after it; default 30)")
     parser.add_argument("--address", help="a running Ray cluster (default: start one here)")
     parser.add_argument("--num-cpus", type=int, help="CPUs of the local Ray (default: all)")
     args = parser.parse_args(argv)
@@ -184,6 +208,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     for flag in ("concurrency", "shard_concurrency", "per_model_concurrency"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be >= 1")
+    if not 0.5 <= args.lease <= 86400:
+        parser.error("--lease must be 0.5 to 86400 seconds")
+    # What each task is given: run() names the actor of this run for "ray".
+    args.shared = None if args.shared_limit == "ray" else args.shared_limit
     args.shard_dir = args.shard_dir or str(Path(args.output).with_suffix(".shards"))
     # The config the CLI would take here (--config, else ./fanout.toml, ...), by its
     # absolute path: a worker's directory is not the driver's.

@@ -18,6 +18,7 @@ A config is TOML (read with the stdlib ``tomllib``)::
     [concurrency]
     max = 64                                # streams in flight
     per_model = 8                           # per model id
+    shared = "redis://10.0.0.5:6379/0"      # fanout batch --shard: limits shared by shards
 
     [parser]
     strict = false
@@ -95,6 +96,7 @@ from ._exceptions import ConfigError
 from .bodies import APIS, refused_param
 from .eval.cost import Price
 from .request import Deadlines, Endpoint, StreamRequest
+from .sharedlimit.base import spec_problem
 
 if TYPE_CHECKING:
     from .eval.scorers import Scorer
@@ -232,6 +234,9 @@ class Config:
     deadlines: Deadlines = attrs.field(factory=Deadlines)
     max_concurrency: int | None = None
     per_model_concurrency: int | None = None
+    #: ``[concurrency] shared``: the limit the shards of a batch share (``redis://...``,
+    #: ``ray://``; see ``fanout.sharedlimit``).
+    shared_limit: str | None = None
     strict: bool = False
     require_finish_reason: bool = True
     #: What ``fanout batch`` runs without ``-m`` (``[batch] models``; empty: every model).
@@ -468,7 +473,7 @@ class _Checker:
         require_finish_reason, strict = True, False
         api = "chat"
         deadlines = Deadlines()
-        max_concurrency = per_model = None
+        max_concurrency = per_model = shared_limit = None
         models: list[ModelConfig] = []
         compare_models: list[str] = []
         compare_tools: tuple[Mapping[str, Any], ...] | None = None
@@ -505,11 +510,17 @@ class _Checker:
                                                    "[deadlines]"))
         with self.section():
             concurrency = self.table(data, "concurrency")
-            self.keys(concurrency, "[concurrency]", ("max", "per_model"))
+            self.keys(concurrency, "[concurrency]", ("max", "per_model", "shared"))
             with self.section():
                 max_concurrency = self.count(concurrency, "max", "[concurrency]")
             with self.section():
                 per_model = self.count(concurrency, "per_model", "[concurrency]")
+            with self.section():
+                shared_limit = self.string(concurrency, "shared", "[concurrency]")
+                problem = spec_problem(shared_limit) if shared_limit is not None else None
+                if problem is not None:
+                    shared_limit = None
+                    raise self.fail("[concurrency] shared", problem)
         with self.section():
             parser = self.table(data, "parser")
             self.keys(parser, "[parser]", ("strict",))
@@ -555,7 +566,8 @@ class _Checker:
         return Config(
             source=self.source, base_url=base_url, api_key_env=api_key_env, headers=headers,
             models=tuple(models), compare=tuple(compare_models), deadlines=deadlines,
-            max_concurrency=max_concurrency, per_model_concurrency=per_model, strict=strict,
+            max_concurrency=max_concurrency, per_model_concurrency=per_model,
+            shared_limit=shared_limit, strict=strict,
             require_finish_reason=require_finish_reason, batch=tuple(batch_models),
             compare_tools=compare_tools, serve=serve, scorers=tuple(scorers), api=api)
 

@@ -16,7 +16,14 @@ WORKDIR holds ``prompts.jsonl``; this script, in order:
 4. runs it on the first ``FEW`` prompts with a model the upstream always refuses (HTTP 400:
    exit 1, not retried) into ``for-good/``, against a loopback port nothing listens on
    (connection refused: exit 75, retried) into ``refused/``, and with a config file that is
-   not there (exit 2).
+   not there (exit 2);
+5. runs the plan on ``fault/busy:4`` (429 while 4 of its streams are open; the model's
+   concurrency is 4) in one process into ``busy-single.jsonl``, then through the example
+   (4 shards on 2 CPUs) with its Ray actor as the shared limit into ``busy/``, and with
+   ``--shared-limit off`` (each task its static share) into ``busy-static/``.
+
+The example runs with the actor as its shared limit throughout (its default), with a
+``--lease`` of 3 s: the killed worker's slots come back 3 s after it died.
 
 What happened goes to ``WORKDIR/harness.json`` (the test asserts on it and the files).
 """
@@ -76,6 +83,11 @@ params = {{ max_tokens = 8 }}
 [[models]]
 name = "bad"
 id = "fault/400"
+
+[[models]]
+name = "busy"
+id = "fault/busy:4"
+concurrency = 4
 """
 
 
@@ -173,7 +185,8 @@ def main(workdir: Path) -> None:
         try:
             report["ray"] = example(workdir, env, "prompts.jsonl", "-o", "merged.jsonl",
                                     "--shard-dir", "shards", "--shards", "4",
-                                    "--retries", "2", "--config", "config.toml")
+                                    "--retries", "2", "--config", "config.toml",
+                                    "--lease", "3")
         finally:
             done.set()
             killer.join()
@@ -186,6 +199,18 @@ def main(workdir: Path) -> None:
                                     "-m", "slow")
         report["no_config"] = example(workdir, env, *failing, "-o", "no-config.jsonl",
                                       "--shard-dir", "no-config", "--config", "missing.toml")
+        busy = subprocess.run(
+            [sys.executable, "-c", CLI, "batch", "prompts.jsonl", "-o", "busy-single.jsonl",
+             "--config", "config.toml", "-m", "busy"], cwd=workdir, capture_output=True,
+            text=True, timeout=60)
+        report["busy_single"] = {"exit": busy.returncode, "stderr": busy.stderr[-2000:]}
+        report["busy_shared"] = example(workdir, env, "prompts.jsonl", "-o", "busy.jsonl",
+                                        "--shard-dir", "busy", "--shards", "4",
+                                        "--config", "config.toml", "-m", "busy")
+        report["busy_static"] = example(workdir, env, "prompts.jsonl", "-o",
+                                        "busy-static.jsonl", "--shard-dir", "busy-static",
+                                        "--shards", "4", "--config", "config.toml", "-m",
+                                        "busy", "--shared-limit", "off")
     finally:
         closed.close()
         upstream.terminate()

@@ -1,4 +1,5 @@
-"""examples/ray_batch.py on a local Ray, one task's worker SIGKILLed mid-way.
+"""examples/ray_batch.py on a local Ray, one task's worker SIGKILLed mid-way; its shards
+sharing the endpoint's limits through a Ray actor on ``fault/busy:4``.
 
 The Ray work runs in tests/ray_harness.py inside ``unshare -rn`` (a network namespace holding
 only ``lo``): Ray listens on every interface it has, and there it has only loopback.  The
@@ -199,3 +200,25 @@ def test_the_batch_options_of_the_command_line_reach_every_shard(tmp_path: Path)
                        "per_model_concurrency": 2, "scorers": ["exact", "finish"],
                        "accept_empty": True, "retry_failed": True, "run_id": "r1",
                        "config": str(config.resolve())} for i in range(2)]
+
+
+def _rate_limited(paths: list[Path]) -> int:
+    return sum(record["rate_limited"] for path in paths for record in _records(path))
+
+
+def test_shards_sharing_a_ray_actor_draw_no_more_429s_than_one_process(
+        ray_run: tuple[Path, dict[str, Any]]) -> None:
+    workdir, report = ray_run
+    assert report["busy_single"]["exit"] == 0, report["busy_single"]
+    single = _rate_limited([workdir / "busy-single.jsonl"])
+    planned = Counter({(f"q{i}", "busy", 0): 1 for i in range(PROMPTS)})
+    for run, folder in (("busy_shared", "busy"), ("busy_static", "busy-static")):
+        assert report[run]["exit"] == 0, report[run]
+        shards = sorted((workdir / folder).glob("results-*.jsonl"))
+        assert len(shards) == 4
+        assert _completed([r for path in shards for r in _records(path)]) == planned
+        # fault/busy:4 refuses a fifth stream of the model; its concurrency is 4, so one
+        # process draws (next to) none.  Sharing the actor, the 4 tasks take 4 slots in
+        # all, not 4 each; with the static share, 1 each.
+        limited = _rate_limited(shards)
+        assert limited <= 1.2 * single, (run, limited, single)

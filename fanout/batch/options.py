@@ -11,6 +11,7 @@ import attrs
 from .._exceptions import ConfigError
 from ..eval.run import REFUSED_STATUSES
 from ..request import RetryPolicy
+from ..sharedlimit import shown_spec, spec_problem
 
 __all__ = ["BATCH_RETRY", "DEFAULT_CONCURRENCY", "FINAL_STATUSES", "MAX_REDOS", "BatchOptions",
            "ExitCode"]
@@ -92,7 +93,12 @@ class BatchOptions:
     ``per_model_concurrency``: at most this many per model.  ``shard``: ``(i, n)``,
     only shard ``i`` of ``n`` (a hash of each unit's key); a shard takes
     ``max(1, concurrency // n)`` of the endpoint's concurrency unless
-    ``shard_concurrency`` says how many.  ``run_id``: written in every record
+    ``shard_concurrency`` says how many, and each model's own concurrency the same way
+    (``max(1, cap // n)``).  ``shared_limit``: a shared limit instead of the static share
+    (``redis://HOST:PORT/DB``, ``ray://``, ``ray://ACTOR``; ``off``: none, whatever
+    ``FANOUT_SHARED_LIMIT`` or the config's ``[concurrency] shared`` say): every shard
+    then takes slots of the endpoint's and each model's whole concurrency, and shares
+    the 429 back-off, through it (``fanout.sharedlimit``).  ``run_id``: written in every record
     (default: the plan's fingerprint).  ``config``: the config file (default as
     ``fanout.load_config``).  ``accept_empty``: a completed stream with an empty
     answer counts as done.  ``scorers``: scorer names each answer is scored with
@@ -113,6 +119,7 @@ class BatchOptions:
     per_model_concurrency: int | None = None
     shard: tuple[int, int] | None = attrs.field(default=None, converter=_shard)
     shard_concurrency: int | None = None
+    shared_limit: str | None = None
     run_id: str | None = None
     config: str | None = None
     accept_empty: bool = False
@@ -138,6 +145,10 @@ class BatchOptions:
             index, count = self.shard
             if count < 1 or not 0 <= index < count:
                 problems.append(f"--shard {index}/{count}: I must be in 0..N-1 and N >= 1")
+        if self.shared_limit is not None:
+            problem = spec_problem(self.shared_limit)
+            if problem is not None:
+                problems.append(f"--shared-limit {shown_spec(self.shared_limit)}: {problem}")
         if self.run_id is not None and (not self.run_id or not self.run_id.isprintable()
                                         or len(self.run_id) > 200):
             problems.append("--run-id must be 1 to 200 printable characters")

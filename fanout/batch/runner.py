@@ -15,7 +15,15 @@ same request is skipped, the rest runs in one ``session.Session``.  A shard
 ``i/N`` takes ``max(1, C // N)`` of the endpoint's concurrency ``C``
 (``BatchOptions.concurrency``, else the config's ``[concurrency] max``, else
 32), so that N shards on one endpoint ask no more of it than one process
-would; ``shard_concurrency`` overrides the share.  Every record carries the
+would; ``shard_concurrency`` overrides the share.  A model's own concurrency
+(``--per-model-concurrency``, its ``[[models]] concurrency``, ``[concurrency]
+per_model``) is shared the same way, ``max(1, cap // N)``.  The static share
+assumes the N shards all run at once; with a shared limit
+(``BatchOptions.shared_limit``, else ``FANOUT_SHARED_LIMIT``, else ``[concurrency]
+shared``; or ``run(..., shared_limits=...)``) nothing is divided: every shard takes
+slots of the whole endpoint's and each model's concurrency, and the 429 back-off,
+from it (``fanout.sharedlimit``), in the space of the plan on this endpoint and key
+(``shared_space``).  Every record carries the
 shard (``"0/1"`` unsharded), the plan's fingerprint and the run id.
 
 Without a judge, a scorer or a budget nothing here but the session does I/O,
@@ -26,6 +34,7 @@ and nothing at all prints: lines worth telling go to the observer
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shlex
 import threading
@@ -42,6 +51,14 @@ from ..config import Config, ModelConfig, load_config
 from ..eval.budget import Budget, why_unbounded
 from ..eval.run import Scoring, Selected, UnknownScorer, as_scored, select_scorers
 from ..request import Endpoint
+from ..sharedlimit import (
+    SharedLimits,
+    SharedLimitUnavailable,
+    SharedSlots,
+    open_shared_limits,
+    shown_spec,
+    spec_problem,
+)
 from ..store.prompts import Prompt, PromptFileError, load_prompts
 from ..store.results import RecordReader, ResultsFile, ResultsFileError, latest_records, shard_of
 from ..store.scores import ScoresFile, scores_path
@@ -60,12 +77,18 @@ from .summary import (
     not_completed,
 )
 
-__all__ = ["run", "run_sync", "shard_concurrency"]
+__all__ = ["SHARED_LIMIT_ENV", "model_caps", "run", "run_sync", "shard_concurrency",
+           "shared_space"]
+
+#: The environment variable naming a shared limit (under ``--shared-limit``, over the
+#: config's ``[concurrency] shared``).
+SHARED_LIMIT_ENV = "FANOUT_SHARED_LIMIT"
 
 
 async def run(options: BatchOptions, *, observer: BatchObserver | None = None,
               environ: Mapping[str, str] | None = None,
-              handle_signals: bool = False) -> BatchSummary:
+              handle_signals: bool = False,
+              shared_limits: SharedLimits | None = None) -> BatchSummary:
     """Run a batch inside the calling trio program; returns its summary.
 
     ``environ``: where the endpoint's key is read (default ``os.environ``).
@@ -74,9 +97,12 @@ async def run(options: BatchOptions, *, observer: BatchObserver | None = None,
     second raises ``KeyboardInterrupt``; leave it off when the program handles its
     signals.  Cancelling the call cancels the streams in flight: what was written
     stays, and the next run resumes it.  Raises ``fanout.ConfigError`` for bad
-    options, config or input (nothing was sent).
+    options, config or input (nothing was sent).  ``shared_limits``: the limits this
+    run shares with the other shards (a ``fanout.sharedlimit.SharedLimits``: a
+    ``LocalLimits`` for shards run side by side in one trio program), over any
+    ``shared_limit`` the options, environment or config name.
     """
-    prepared = _prepare(options, environ, observer, handle_signals)
+    prepared = _prepare(options, environ, observer, handle_signals, shared_limits)
     if isinstance(prepared, BatchSummary):
         return prepared
     try:
@@ -89,13 +115,14 @@ async def run(options: BatchOptions, *, observer: BatchObserver | None = None,
 
 def run_sync(options: BatchOptions, *, observer: BatchObserver | None = None,
              environ: Mapping[str, str] | None = None,
-             handle_signals: bool | None = None) -> BatchSummary:
+             handle_signals: bool | None = None,
+             shared_limits: SharedLimits | None = None) -> BatchSummary:
     """Run a batch in a process (or thread) with no trio loop running: blocks until it
     ends and returns its summary.  As ``run``; ``handle_signals`` defaults to true in
     the main thread (a second Ctrl-C then raises ``KeyboardInterrupt``)."""
     if handle_signals is None:
         handle_signals = threading.current_thread() is threading.main_thread()
-    prepared = _prepare(options, environ, observer, handle_signals)
+    prepared = _prepare(options, environ, observer, handle_signals, shared_limits)
     if isinstance(prepared, BatchSummary):
         return prepared
     try:
@@ -111,15 +138,61 @@ def run_sync(options: BatchOptions, *, observer: BatchObserver | None = None,
         prepared.close()
 
 
-def shard_concurrency(options: BatchOptions, config: Config) -> int:
+def shard_concurrency(options: BatchOptions, config: Config, *, shared: bool = False) -> int:
     """The endpoint concurrency this run may use: the endpoint's (``concurrency``, else
     the config's ``[concurrency] max``, else 32), and for shard ``i/N`` its share,
-    ``max(1, C // N)``, unless ``shard_concurrency`` names it."""
+    ``max(1, C // N)``, unless ``shard_concurrency`` names it.  With a ``shared``
+    limit, no share: the shared limit divides the endpoint among the shards that run."""
     endpoint = options.concurrency or config.max_concurrency or DEFAULT_CONCURRENCY
     if options.shard_concurrency is not None:
         return options.shard_concurrency
-    count = options.shard[1] if options.shard is not None else 1
+    count = options.shard[1] if options.shard is not None and not shared else 1
     return max(1, endpoint // count)
+
+
+def model_caps(options: BatchOptions, config: Config, models: Sequence[ModelConfig], *,
+               shared: bool = False) -> dict[str, int]:
+    """Each model's concurrency for this run (model name -> streams): its own
+    (``per_model_concurrency``, else its ``[[models]] concurrency``, else the config's
+    ``[concurrency] per_model``), and for shard ``i/N`` its share, ``max(1, cap // N)``
+    (unless ``shared``), at most the run's endpoint concurrency; a model without one
+    has the run's endpoint concurrency."""
+    endpoint = shard_concurrency(options, config, shared=shared)
+    count = options.shard[1] if options.shard is not None and not shared else 1
+    caps = {}
+    for model in models:
+        own = (options.per_model_concurrency or model.concurrency
+               or config.per_model_concurrency)
+        caps[model.name] = min(endpoint, max(1, own // count)) if own else endpoint
+    return caps
+
+
+def shared_space(plan: str, endpoint: Endpoint | None) -> str:
+    """Where the shards of ``plan`` on ``endpoint`` share their limits: the plan's
+    fingerprint and 16 hex digits of a SHA-256 of the base URL and of the key's own
+    SHA-256 (never the key)."""
+    if endpoint is None:
+        return f"{plan}.embedded"
+    key = hashlib.sha256((endpoint.api_key or "").encode()).hexdigest()
+    identity = hashlib.sha256(f"{endpoint.base_url}\n{key}".encode()).hexdigest()[:16]
+    return f"{plan}.{identity}"
+
+
+def _shared_spec(options: BatchOptions, config: Config,
+                 environ: Mapping[str, str] | None) -> tuple[str, str] | None:
+    """The shared limit asked for, and where: ``--shared-limit``, else the environment's
+    ``FANOUT_SHARED_LIMIT``, else ``[concurrency] shared``; ``None`` for none (or
+    ``off``)."""
+    env = os.environ if environ is None else environ
+    for where, value in (("--shared-limit", options.shared_limit),
+                         (SHARED_LIMIT_ENV, env.get(SHARED_LIMIT_ENV)),
+                         (f"{config.source}: [concurrency] shared", config.shared_limit)):
+        if value:
+            problem = spec_problem(value)
+            if problem is not None:
+                raise _fail(f"{where} {shown_spec(value)}: {problem}; nothing was sent")
+            return None if value == "off" else (value, where)
+    return None
 
 
 def _fail(message: str) -> ConfigError:
@@ -127,8 +200,8 @@ def _fail(message: str) -> ConfigError:
 
 
 def _prepare(options: BatchOptions, environ: Mapping[str, str] | None,
-             observer: BatchObserver | None, handle_signals: bool
-             ) -> _Prepared | BatchSummary:
+             observer: BatchObserver | None, handle_signals: bool,
+             shared_limits: SharedLimits | None = None) -> _Prepared | BatchSummary:
     """Check everything, open the files, plan: the run ready to start (or, when the
     results file is locked by another run, or the disk is full, the summary of a run
     that sent nothing and left everything)."""
@@ -164,18 +237,36 @@ def _prepare(options: BatchOptions, environ: Mapping[str, str] | None,
     run_id = options.run_id or fingerprint
     fields = stamp(shard, fingerprint, run_id)
 
-    def left_for_later(exc: ResultsFileError, flag: str) -> BatchSummary:
+    def left_for_later(exc: ResultsFileError | str, flag: str) -> BatchSummary:
         line = f"{flag} {exc}; nothing was sent"
-        failures = tuple(Failure(u.key, u.model.name, "unsent", None, exc.why) for u in work)
+        why = exc if isinstance(exc, str) else exc.why
+        failures = tuple(Failure(u.key, u.model.name, "unsent", None, why) for u in work)
         return BatchSummary(exit_code=ExitCode.TEMPFAIL, total=len(work), done=0,
                             counts={"unsent": len(work)}, ran={}, redone=0,
                             failures=failures, plan=fingerprint, run=run_id, shard=shard,
                             results=options.output, closing=(line,), started=False)
 
+    owned = shared_limits is None  # opened here, closed here
+    if shared_limits is None:
+        spec = _shared_spec(options, config, environ)
+        if spec is not None:
+            try:
+                shared_limits = open_shared_limits(spec[0])
+            except (ValueError, ImportError) as exc:
+                raise _fail(f"{spec[1]}: {exc}; nothing was sent") from None
+    if shared_limits is not None:
+        try:
+            shared_limits.check()
+        except SharedLimitUnavailable as exc:
+            if owned:
+                shared_limits.close()
+            return left_for_later(f"cannot be reached: {exc}", "the shared limit")
     try:
         writer = ResultsFile(options.output, not_same_as=(f"the prompts file {options.prompts}",
                                                           source))
     except ResultsFileError as exc:
+        if shared_limits is not None and owned:
+            shared_limits.close()
         if exc.temporary:
             return left_for_later(exc, "-o")
         raise _fail(f"-o {exc}; nothing was sent") from None
@@ -195,13 +286,18 @@ def _prepare(options: BatchOptions, environ: Mapping[str, str] | None,
             except ResultsFileError as exc:
                 if exc.temporary:
                     writer.close()
+                    if shared_limits is not None and owned:
+                        shared_limits.close()
                     return left_for_later(exc, "--scores")
                 raise _fail(f"--scores {exc}; nothing was sent") from None
             except OSError as exc:
                 raise _fail(f"--scores {exc}; nothing was sent") from None
         return _Prepared(options, config, models, endpoint, prompts, work, writer, scores,
-                         selected, budget, fields, observer, handle_signals)
+                         selected, budget, fields, observer, handle_signals,
+                         shared_limits, owned)
     except BaseException:
+        if shared_limits is not None and owned:
+            shared_limits.close()
         writer.close()
         if scores is not None:
             scores.close()
@@ -260,8 +356,10 @@ class _Prepared:
                  writer: ResultsFile, scores: ScoresFile | None,
                  selected: Sequence[Selected], budget: Budget | None,
                  fields: Mapping[str, str], observer: BatchObserver | None,
-                 handle_signals: bool) -> None:
+                 handle_signals: bool, shared_limits: SharedLimits | None = None,
+                 owns_shared: bool = True) -> None:
         self.options = options
+        self.shared_limits = shared_limits if owns_shared else None  # to close
         self.endpoint = endpoint
         self.work = work
         self.writer = writer
@@ -298,11 +396,23 @@ class _Prepared:
         if existing.torn_bytes:
             self._note(f"{options.output}: cut off a torn last line ({existing.torn_bytes} "
                        "bytes, from an interrupted run) before appending")
-        cap = shard_concurrency(options, config)
+        shared = shared_limits is not None
+        cap = shard_concurrency(options, config, shared=shared)
+        caps = model_caps(options, config, models, shared=shared)
         shard = ""
         if options.shard:
             index, count = options.shard
             shard = f" (shard {index}/{count}, at most {cap} at once)"
+        slots = None
+        if shared_limits is not None:
+            whole = options.concurrency or config.max_concurrency or DEFAULT_CONCURRENCY
+            maxima = model_caps(attrs.evolve(options, shard_concurrency=None), config, models,
+                                shared=True)
+            slots = SharedSlots(shared_limits, shared_space(fields["plan"], endpoint), whole,
+                                maxima)
+            where = f"shard {options.shard[0]}/{options.shard[1]}, " if options.shard else ""
+            shard = (f" ({where}limits shared through {shared_limits.describe()}: at most "
+                     f"{whole} at once on the endpoint across the shards)")
         self._note(f"{len(work)} streams{shard}: {len(prompts)} prompts x {len(models)} "
                    f"models x {options.samples} samples; {done} already completed, "
                    f"{len(todo)} to run" + (f" ({changed} changed since completed)"
@@ -323,7 +433,8 @@ class _Prepared:
                         {u.key for u in work} - {u.key for u in todo})
         self.session = Session(config, options, todo, writer, cap=cap, stamp=fields,
                                observer=observer, scoring=self.scoring, budget=budget,
-                               handle_signals=handle_signals)
+                               handle_signals=handle_signals, model_caps=caps,
+                               shared=slots)
         self.needs_run = bool(todo) or (self.scoring is not None and self.scoring.pending > 0)
         self.started = time.monotonic()
 
@@ -335,6 +446,8 @@ class _Prepared:
         self.writer.close()
         if self.scores is not None:
             self.scores.close()
+        if self.shared_limits is not None:
+            self.shared_limits.close()
 
     def finish(self) -> BatchSummary:
         """Sum the run up: what it did, what is left, its exit code."""

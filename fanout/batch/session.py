@@ -37,6 +37,7 @@ from ..fanout import Fanout, open_fanout
 from ..ratelimit import AdaptiveLimit, EndpointLimit
 from ..records import flag_label
 from ..request import Endpoint
+from ..sharedlimit import SharedSlots
 from ..store.results import ResultsFile, state_of
 from .options import BATCH_RETRY, MAX_REDOS, BatchOptions
 from .plan import Work
@@ -59,14 +60,20 @@ class Session:
     """One run of a batch's units through one fan-out (see the module docstring).
 
     ``cap``: the endpoint's concurrency for this run (a shard's share);
-    ``stamp``: the ``shard``, ``plan`` and ``run`` fields of every record.
+    ``model_caps``: each model's (model name -> streams; default: its own, at most
+    ``cap``); ``shared``: the limits shared with the other shards, when there are some
+    (a stream takes a slot of them too, after its own); ``stamp``: the ``shard``,
+    ``plan`` and ``run`` fields of every record.
     """
 
     def __init__(self, config: Config, options: BatchOptions, todo: list[Work],
                  writer: ResultsFile, *, cap: int, stamp: Mapping[str, str],
                  observer: BatchObserver | None = None, scoring: Scoring | None = None,
-                 budget: Budget | None = None, handle_signals: bool = False) -> None:
+                 budget: Budget | None = None, handle_signals: bool = False,
+                 model_caps: Mapping[str, int] | None = None,
+                 shared: SharedSlots | None = None) -> None:
         self.observer = observer
+        self.shared = shared
         self.stamp = stamp
         self.handle_signals = handle_signals
         self.terminated = False  # SIGTERM, not SIGINT
@@ -96,8 +103,9 @@ class Session:
         for unit in todo:
             model = unit.model
             if model.name not in self.limits:
-                cap = (options.per_model_concurrency or model.concurrency
-                       or config.per_model_concurrency or global_cap)
+                cap = (model_caps or {}).get(model.name) or (
+                    options.per_model_concurrency or model.concurrency
+                    or config.per_model_concurrency or global_cap)
                 self.limits[model.name] = AdaptiveLimit(min(cap, global_cap))
                 self.queues[model.name] = deque()
             self.queues[model.name].append(unit)
@@ -135,6 +143,8 @@ class Session:
             trio.open_nursery() as nursery,
         ):
             self.endpoint.url = resolved.base_url
+            if self.shared is not None:
+                await nursery.start(self.shared.run)
             if self.handle_signals:
                 nursery.start_soon(interrupt_on_signals, partial(self._signalled, fan),
                                    (signal.SIGINT, signal.SIGTERM))
@@ -207,6 +217,12 @@ class Session:
                 await limit.limiter.acquire_on_behalf_of(unit.key)
                 try:
                     await self.endpoint.limiter.acquire_on_behalf_of(unit.key)
+                    try:
+                        if self.shared is not None:
+                            await self.shared.acquire(name, unit.key)
+                    except BaseException:
+                        self.endpoint.limiter.release_on_behalf_of(unit.key)
+                        raise
                 except BaseException:
                     limit.limiter.release_on_behalf_of(unit.key)
                     raise
@@ -274,8 +290,11 @@ class Session:
             if isinstance(event, StreamRetrying):
                 if event.error.status == 429:
                     unit = self.by_key[event.stream]
-                    self.limits[unit.model.name].rate_limited_now(trio.current_time(),
-                                                                  event.wait)
+                    if self.shared is not None:  # it pauses and lowers every shard's
+                        self.shared.rate_limited(unit.model.name, event.wait)
+                    else:
+                        self.limits[unit.model.name].rate_limited_now(trio.current_time(),
+                                                                      event.wait)
             elif isinstance(event, StreamFinished):
                 self._finished(fan, event.result)
             elif self.budget is not None and self.budget.streamed(event):
@@ -289,6 +308,8 @@ class Session:
         self.endpoint.limiter.release_on_behalf_of(unit.key)
         limit = self.limits[name]
         limit.limiter.release_on_behalf_of(unit.key)
+        if self.shared is not None:
+            self.shared.release(unit.key)
         self._pending -= 1
         redo = self.redos[unit.key]
         if redo:
@@ -322,10 +343,15 @@ class Session:
             self.finals[unit.key] = Final(name, state, result.status, reason)
             if is_done(state, self.options.accept_empty):
                 limit.succeeded()
+                if self.shared is not None:
+                    self.shared.succeeded(name)
                 if not self._redoing:  # a slot back never lands on a redo's head
                     self.endpoint.succeeded()
             elif result.status == 429:  # retries ran out on a 429: that is a signal too
-                limit.rate_limited_now(trio.current_time(), None)
+                if self.shared is not None:
+                    self.shared.rate_limited(name, None)
+                else:
+                    limit.rate_limited_now(trio.current_time(), None)
             if suspect:
                 self._suspects[unit.key] = (unit, sent, result.others_running + 1, record)
         if result.outcome == Outcome.COMPLETED and result.usage is not None \

@@ -156,10 +156,17 @@ def _parser() -> argparse.ArgumentParser:
                             "raised back)")
     batch.add_argument("--shard", metavar="I/N",
                        help="run only shard I of N (0-based; a hash of each stream's key); "
-                            "the shard takes 1/N of the endpoint's concurrency")
+                            "the shard takes 1/N of the endpoint's concurrency and of each "
+                            "model's, unless --shared-limit")
     batch.add_argument("--shard-concurrency", type=int, metavar="K",
                        help="streams in flight for this shard (default: --concurrency, or "
                             "the config's [concurrency] max, divided by N, at least 1)")
+    batch.add_argument("--shared-limit", metavar="URL",
+                       help="share the endpoint's and each model's concurrency, and the "
+                            "429 back-off, with the other shards through this Redis "
+                            "(redis://HOST:PORT/DB; ?lease=SECONDS, default 30) instead of "
+                            "taking 1/N (default: $FANOUT_SHARED_LIMIT, else the config's "
+                            "[concurrency] shared; off: none)")
     batch.add_argument("--run-id", metavar="ID",
                        help="written as \"run\" in every results and scores record "
                             "(default: the plan's fingerprint)")
@@ -408,7 +415,8 @@ def _batch(args: argparse.Namespace) -> int:
         prompts=args.prompts, output=args.output, models=tuple(args.models),
         samples=args.samples, concurrency=args.concurrency,
         per_model_concurrency=args.per_model_concurrency, shard=shard,
-        shard_concurrency=args.shard_concurrency, run_id=args.run_id, config=args.config,
+        shard_concurrency=args.shard_concurrency, shared_limit=args.shared_limit,
+        run_id=args.run_id, config=args.config,
         accept_empty=args.accept_empty, scorers=tuple(args.scorers), scores=args.scores,
         budget=args.budget, retry_failed=args.retry_failed))
 
