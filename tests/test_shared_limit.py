@@ -456,3 +456,67 @@ def test_a_bad_or_unreachable_shared_limit_sends_nothing(tmp_path: Path) -> None
         parse_config('[concurrency]\nshared = "nope://x"\n')
     assert parse_config('[concurrency]\nshared = "redis://h:1/0"\n').shared_limit == \
         "redis://h:1/0"
+
+
+@needs_redis
+def test_a_shared_limit_that_dies_mid_run_stops_sending_and_says_so(tmp_path: Path) -> None:
+    # Redis goes away while a batch runs: no traceback; the streams in flight run on and
+    # are recorded, nothing more is sent, one line says why, exit 75; a rerun with the
+    # limit back finishes the rest.
+    port = _free_port()
+    folder = tmp_path / "redis"
+    folder.mkdir()
+    server_command = [REDIS_SERVER, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                      "--appendonly", "no", "--dir", str(folder)]
+    assert REDIS_SERVER is not None
+    url = f"redis://127.0.0.1:{port}/0?lease=2"
+
+    def start() -> subprocess.Popen[bytes]:
+        server = subprocess.Popen(server_command, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+        for _ in range(200):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return server
+            except OSError:
+                time.sleep(0.05)
+        raise AssertionError("redis-server did not start")
+
+    output = tmp_path / "r.jsonl"
+    with fanout_mock("--port", "0") as base_url:
+        prompts, config = _write(tmp_path, base_url, 40)
+        config.write_text(config.read_text() + '\n[[models]]\nname = "slow"\n'
+                          'id = "mock/slow:0.02"\nconcurrency = 2\n')
+        command = _cli("batch", str(prompts), "-o", str(output), "--config", str(config),
+                       "-m", "slow", "--shared-limit", url)
+        server = start()
+        batch = subprocess.Popen(command, env=_env(), stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 60
+            while not output.exists() or len(output.read_text().splitlines()) < 2:
+                assert batch.poll() is None and time.monotonic() < deadline
+                time.sleep(0.05)
+            server.kill()
+            server.wait(10)
+            _, err = batch.communicate(timeout=120)
+        finally:
+            batch.kill()
+            server.kill()
+        assert batch.returncode == 75, err[-2000:]
+        assert "Traceback" not in err
+        [line] = [line for line in err.splitlines() if "shared limit stopped answering" in line]
+        assert f"127.0.0.1:{port}" in line
+        records = _records([output])
+        assert 2 <= len(records) < 40
+        assert all(r["outcome"] == "completed" for r in records)  # in flight: run on
+        server = start()
+        try:
+            again = subprocess.run(command, env=_env(), capture_output=True, text=True,
+                                   timeout=300)
+        finally:
+            server.kill()
+            server.wait(10)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert {r["id"] for r in _records([output]) if r["outcome"] == "completed"} == {
+        f"q{i}" for i in range(40)}

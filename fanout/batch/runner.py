@@ -482,6 +482,11 @@ class _Prepared:
                    "(they run again next time)" if lost else
                    "every finished stream was recorded after all"))
 
+        if session.shared_lost is not None:
+            report.append(f"the shared limit stopped answering ({session.shared_lost}); no "
+                          "new stream was sent after that; the streams in flight were "
+                          "recorded; run the same command again once it answers")
+
         closing: list[str] = []
         scorer_lines: list[str] = []
         scores, scoring = self.scores, self.scoring
@@ -556,7 +561,8 @@ class _Prepared:
             elif finals:
                 closing += lines
         code = exit_code(failures, interrupted=interrupted, budget_stopped=budget_stopped,
-                         write_error=failed_write is not None or scores_error is not None,
+                         write_error=(failed_write is not None or scores_error is not None
+                                      or session.shared_lost is not None),
                          judges_failed=judges_failed, judges_refused=judges_refused)
         write_error = failed_write or scores_error
         return BatchSummary(

@@ -74,6 +74,9 @@ class Session:
                  shared: SharedSlots | None = None) -> None:
         self.observer = observer
         self.shared = shared
+        self.shared_lost: str | None = None  # why the shared limit stopped answering
+        if shared is not None:
+            shared.on_lost = self._shared_lost
         self.stamp = stamp
         self.handle_signals = handle_signals
         self.terminated = False  # SIGTERM, not SIGINT
@@ -497,6 +500,12 @@ class Session:
         fan.cancel_all()
         if self.scoring is not None:
             self.scoring.stop()
+
+    def _shared_lost(self, reason: str) -> None:
+        # The shared limit stopped answering: what is sent from now on would take no
+        # slot of it.  The streams in flight run on and are recorded.
+        self.shared_lost = reason
+        self._stop_sending()
 
     def _stop_sending(self) -> None:
         # The results file cannot be written (a full disk): what is sent from now on

@@ -150,8 +150,11 @@ class RayLimits(SharedLimits):
 
     async def _call(self, method: str, *args: Any) -> Any:
         actor = self._actor()
-        return await trio.to_thread.run_sync(
-            lambda: ray.get(getattr(actor, method).remote(*args)))
+        try:
+            return await trio.to_thread.run_sync(
+                lambda: ray.get(getattr(actor, method).remote(*args)))
+        except ray.exceptions.RayError as exc:  # the actor gone mid-run: said, not raised
+            raise SharedLimitUnavailable(f"{self.describe()}: {exc}") from None
 
     async def setup(self, space: str, maxima: Mapping[str, int]) -> None:
         await self._call("setup", space, dict(maxima))

@@ -191,7 +191,12 @@ class RedisLimits(SharedLimits):
 
     async def _run(self, script: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         call = self._scripts[script]
-        return await trio.to_thread.run_sync(lambda: call(keys=list(keys), args=list(args)))
+        try:
+            return await trio.to_thread.run_sync(
+                lambda: call(keys=list(keys), args=list(args)))
+        except redis.RedisError as exc:  # gone mid-run: the batch stops sending, says why
+            raise SharedLimitUnavailable(
+                f"{self.describe()}: {str(exc).rstrip('.')}") from None
 
     async def setup(self, space: str, maxima: Mapping[str, int]) -> None:
         await self._run("setup", self._pairs(space, maxima), list(maxima.values()))

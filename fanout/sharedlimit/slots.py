@@ -8,6 +8,11 @@ lease, and sends what the batch reports without waiting for it (``release``,
 cancelled it sends what is left and gives back every slot still held.  ``acquire``
 waits until both slots are granted (and the model's limit is not paused by a 429
 someone reported).
+
+A shared limit that stops answering (Redis down, the Ray actor gone) never raises
+into the batch: ``lost`` says why, ``on_lost(reason)`` is called once (the batch
+stops sending: what runs runs on, its slots' leases run out on their own), and an
+``acquire`` then waits until it is cancelled.
 """
 
 from __future__ import annotations
@@ -18,12 +23,12 @@ import os
 import secrets
 import socket
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import trio
 
-from .base import SharedLimits
+from .base import SharedLimits, SharedLimitUnavailable
 
 __all__ = ["ENDPOINT", "POLL", "SharedSlots", "model_limit"]
 
@@ -61,6 +66,16 @@ class SharedSlots:
         self._outbox: deque[tuple[Any, ...]] = deque()  # reports not sent yet
         self._ready = False
         self.waited = 0.0  # seconds acquires waited, in all
+        #: Why the shared limit stopped answering (``None`` while it answers).
+        self.lost: str | None = None
+        #: Called once when it stops answering, with ``lost``.
+        self.on_lost: Callable[[str], None] | None = None
+
+    def _lose(self, exc: SharedLimitUnavailable) -> None:
+        if self.lost is None:
+            self.lost = str(exc)
+            if self.on_lost is not None:
+                self.on_lost(self.lost)
 
     def _names(self, model: str) -> tuple[str, str]:
         return (ENDPOINT, model_limit(model))
@@ -74,9 +89,15 @@ class SharedSlots:
         granted = False
         try:
             while True:
+                if self.lost is not None:
+                    await trio.sleep_forever()  # until the batch, told, cancels it
                 freed = self._freed
-                wait = await self.limits.try_acquire(self.space, names, holder, self.lease,
-                                                     self.poll)
+                try:
+                    wait = await self.limits.try_acquire(self.space, names, holder,
+                                                         self.lease, self.poll)
+                except SharedLimitUnavailable as exc:
+                    self._lose(exc)
+                    continue
                 if wait is None:
                     granted = True
                     break
@@ -111,9 +132,14 @@ class SharedSlots:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                   ) -> None:
-        await self.limits.setup(self.space, self.maxima)
+        try:
+            await self.limits.setup(self.space, self.maxima)
+        except SharedLimitUnavailable as exc:
+            self._lose(exc)
         self._ready = True
         task_status.started()
+        if self.lost is not None:
+            return
         try:
             renew_at = trio.current_time() + self.lease / 3
             while True:
@@ -124,10 +150,16 @@ class SharedSlots:
                 if trio.current_time() >= renew_at:
                     await self._renew()
                     renew_at = trio.current_time() + self.lease / 3
+        except SharedLimitUnavailable as exc:
+            self._lose(exc)  # nothing more is sent: the leases run out on their own
         finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(CLOSING):
-                await self._flush()
-                await self._give_back()
+            if self.lost is None:
+                with trio.CancelScope(shield=True), trio.move_on_after(CLOSING):
+                    try:
+                        await self._flush()
+                        await self._give_back()
+                    except SharedLimitUnavailable as exc:
+                        self._lose(exc)
 
     async def _flush(self) -> None:
         """Send what is queued, releases together; an item leaves the outbox once sent
