@@ -31,6 +31,7 @@ from typing import Any, final
 
 import attrs
 
+from ..core.result import says_cut
 from ..net.stream import NO_SUCH_ROUTE
 from ..store.results import RecordReader, attempt_of, supersedes, work_key
 from .options import FINAL_STATUSES, ExitCode
@@ -345,7 +346,10 @@ def _all_the_same(failed: Sequence[Final], units: int) -> bool:
 def _its_own(final: Final) -> bool:
     if final.state in ("truncated", "empty", "timed_out"):
         return True
-    return final.state == "error" and final.status is not None and final.status < 300
+    # An error the server sent in a 200 stream, unless its words say a connection broke
+    # (a relay's report of its backend's cut: the network's doing, not the model's).
+    return (final.state == "error" and final.status is not None and final.status < 300
+            and not says_cut(final.reason or ""))
 
 
 def _same_way(name: str, failed: Sequence[Final], other: str, *, accept_empty: bool) -> str:

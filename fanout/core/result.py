@@ -27,6 +27,7 @@ __all__ = [
     "Usage",
     "added_usage",
     "relayed_cut",
+    "says_cut",
 ]
 
 #: A relay's words for the connection to its backend breaking (LiteLLM's
@@ -380,4 +381,9 @@ def relayed_cut(result: StreamResult) -> bool:
         return False
     if result.status is not None and not 200 <= result.status < 300:
         return False
-    return bool(_CUT_WORDS.search(f"{error.message} {error.type or ''} {error.code or ''}"))
+    return says_cut(f"{error.message} {error.type or ''} {error.code or ''}")
+
+
+def says_cut(text: str) -> bool:
+    """Whether ``text`` (an error's words) says the connection to a backend broke."""
+    return bool(_CUT_WORDS.search(text))

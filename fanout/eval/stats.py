@@ -95,10 +95,13 @@ def percentile(ordered: Sequence[float], q: float) -> float:
     below = math.floor(position)
     above = min(below + 1, len(ordered) - 1)
     fraction = position - below
-    if fraction == 0:
-        return ordered[below]
+    low, high = ordered[below], ordered[above]
+    if fraction == 0 or low == high:
+        return low
     # Weighted, not ``a + (b - a) * f``: b - a overflows for values near the double range.
-    return ordered[below] * (1 - fraction) + ordered[above] * fraction
+    # Rounding can put it a hair outside [low, high]: clamped (an interval never ends
+    # past the values it is drawn from).
+    return min(max(low * (1 - fraction) + high * fraction, low), high)
 
 
 def _z(confidence: float) -> float:

@@ -132,3 +132,15 @@ def test_a_request_changed_since_it_was_refused_is_sent(tmp_path: Path) -> None:
     assert status == ExitCode.FAILED, err.getvalue()
     assert "skipped" not in err.getvalue()
     assert len(_records(tmp_path)) == 4
+
+
+def test_a_relays_connection_error_is_never_the_models_own() -> None:
+    # The same in-band error twice is the model's own, unless its words say the relay's
+    # connection to its backend broke (LiteLLM's "Connection error."): that is temporary.
+    from fanout.batch.summary import Final, judge
+    litellm = ("litellm.APIConnectionError: APIConnectionError: OpenAIException - "
+               "Connection error.")
+    for reason, permanent in ((litellm, False), ("boom: the model failed", True)):
+        failed = {f"k{i}": Final("m", "error", 200, reason) for i in range(3)}
+        verdict = judge(failed, {"m": 3}, samples=lambda key: 1)
+        assert (set(verdict.permanent) == set(failed)) is permanent, reason

@@ -126,6 +126,12 @@ def test_percentile_interpolates_like_numpy() -> None:
         assert percentile(values, q) == pytest.approx(float(numpy.percentile(values, q * 100)),
                                                       abs=1e-15)
     assert percentile([4.0], 0.3) == 4.0
+    # Between two equal values, the value itself: the weighted sum's rounding once put a
+    # one-value bootstrap's low end above its high end (found by hypothesis).
+    same = 0.6937367735202083
+    assert {percentile([same] * 200, q) for q in (0.025, 0.5, 0.975)} == {same}
+    estimate = bootstrap_mean([same], resamples=200)
+    assert estimate.low == estimate.value == estimate.high == same
     with pytest.raises(ValueError):
         percentile([], 0.5)
     with pytest.raises(ValueError):
